@@ -1,0 +1,20 @@
+"""notebook_launcher: run a PyTorch training function on several processes from a Jupyter notebook.
+
+    from notebook_launcher import notebook_launcher
+    result = notebook_launcher(train, args=(1e-3,), num_processes=2)
+"""
+
+from .failure import LaunchTimeoutError, RankFailedError
+from .launcher import Run, last_run, notebook_launcher
+from .plan import LaunchArgumentError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LaunchArgumentError",
+    "LaunchTimeoutError",
+    "RankFailedError",
+    "Run",
+    "last_run",
+    "notebook_launcher",
+]

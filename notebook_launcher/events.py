@@ -1,0 +1,251 @@
+"""The event schema: the only thing worker-side and kernel-side code share.
+
+A worker writes small typed records into a pipe of its own; the kernel reads them. Each record is one frame::
+
+    [u32 header length][u32 attachment length][header: UTF-8 JSON][attachment: bytes]
+
+The JSON header is the event (rank, per-rank sequence number, monotonic time, kind, data). The optional binary
+attachment carries what JSON cannot: a pickled return value. A frame is written with as few ``os.write`` calls as
+the kernel's pipe allows, from one buffer, so whatever a worker wrote before it died (even by SIGKILL) is complete
+in the pipe for the kernel to read. A partial frame at EOF (a worker killed in the middle of a large write) is
+reported by the reader, not silently dropped.
+
+Kinds of events
+---------------
+``status``   data: ``{"state": "starting" | "running" | "finished" | "failed"}``
+``stream``   data: ``{"stream": "stdout" | "stderr", "text": <one line without its newline>}`` (made by the kernel
+             from the worker's fd 1/2 pipes, so C/C++ output arrives too)
+``result``   data: ``{"type": <type name>}``; attachment: the pickled return value
+``failure``  data: ``{"type", "message", "traceback", "exit_code"}``: the exception that ended the worker
+``exit``     data: ``{"exit_code": int | None, "signal": int | None}`` (made by the kernel when it reaps the worker)
+``launcher`` data: ``{"text": ...}``: a note from the launcher itself (restarts, teardown)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+_FRAME_HEADER = struct.Struct(">II")
+
+STATUS = "status"
+STREAM = "stream"
+RESULT = "result"
+FAILURE = "failure"
+EXIT = "exit"
+LAUNCHER = "launcher"
+KINDS = (STATUS, STREAM, RESULT, FAILURE, EXIT, LAUNCHER)
+
+
+@dataclass
+class Event:
+    """One record of what a rank did. ``seq`` orders the events of one rank as the kernel received them."""
+
+    rank: int
+    seq: int
+    time: float
+    kind: str
+    data: dict = field(default_factory=dict)
+    attachment: bytes = b""
+
+    def to_json(self) -> dict:
+        """The event as written to the run log (attachments are summarised by their size)."""
+        record = {"rank": self.rank, "seq": self.seq, "time": self.time, "kind": self.kind, "data": self.data}
+        if self.attachment:
+            record["attachment_bytes"] = len(self.attachment)
+        return record
+
+
+def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"", when: float | None = None) -> bytes:
+    """One frame, ready for a single write."""
+    header = json.dumps(
+        {"v": SCHEMA_VERSION, "rank": rank, "seq": seq, "time": time.monotonic() if when is None else when,
+         "kind": kind, "data": data},
+        separators=(",", ":"),
+        default=str,
+    ).encode()
+    return _FRAME_HEADER.pack(len(header), len(attachment)) + header + attachment
+
+
+def write_all(fd: int, payload: bytes) -> None:
+    """Write every byte (a pipe write may be partial when it is large or interrupted)."""
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class EventWriter:
+    """The worker's end of its event pipe. One lock-protected write per event; no thread, no round trip."""
+
+    def __init__(self, fd: int, rank: int):
+        self.fd = fd
+        self.rank = rank
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def emit(self, kind: str, data: dict | None = None, attachment: bytes = b"") -> None:
+        with self._lock:
+            self._seq += 1
+            write_all(self.fd, encode_frame(self.rank, self._seq, kind, data or {}, attachment))
+
+
+class FrameDecoder:
+    """Kernel side: turns bytes read from an event pipe into (header, attachment) pairs."""
+
+    def __init__(self):
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[tuple[dict, bytes]]:
+        self._buffer += chunk
+        frames = []
+        while len(self._buffer) >= _FRAME_HEADER.size:
+            header_len, attachment_len = _FRAME_HEADER.unpack_from(self._buffer)
+            end = _FRAME_HEADER.size + header_len + attachment_len
+            if len(self._buffer) < end:
+                break
+            header = json.loads(bytes(self._buffer[_FRAME_HEADER.size:_FRAME_HEADER.size + header_len]))
+            attachment = bytes(self._buffer[_FRAME_HEADER.size + header_len:end])
+            del self._buffer[:end]
+            frames.append((header, attachment))
+        return frames
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame (non-zero at EOF means the writer died mid-frame)."""
+        return len(self._buffer)
+
+
+class LineSplitter:
+    """Kernel side: turns bytes read from a worker's fd 1/2 pipe into whole lines, never gluing two writes of
+    different ranks (each rank has its own pipe and its own splitter)."""
+
+    def __init__(self):
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        return [_decode_line(line) for line in lines]
+
+    def finish(self) -> list[str]:
+        """At EOF: the last line even if the worker never ended it with a newline."""
+        rest, self._partial = self._partial, b""
+        return [_decode_line(rest)] if rest else []
+
+
+def _decode_line(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def event_from_frame(header: dict, attachment: bytes, seq: int) -> Event:
+    """Rebuild an event from a decoded frame; the kernel assigns its own per-rank sequence number."""
+    data: Any = header.get("data") or {}
+    data = dict(data)
+    data.setdefault("worker_seq", header.get("seq"))
+    return Event(rank=int(header["rank"]), seq=seq, time=float(header["time"]), kind=str(header["kind"]),
+                 data=data, attachment=attachment)
+
+
+@dataclass
+class WorkerSpec:
+    """What the kernel tells one worker: who it is, where to write, how to join the group.
+
+    Under fork the spec is inherited as an object; under spawn it travels as JSON in the environment variable
+    ``NOTEBOOK_LAUNCHER_WORKER``, so this dataclass is the whole contract between the two sides.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: str  # "cpu" | "cuda" | "xla"
+    backend: str  # "gloo" | "nccl" | ...
+    env: dict  # torch.distributed and ACCELERATE_* variables for this rank
+    events_fd: int
+    stdout_fd: int
+    stderr_fd: int
+    parent_pid: int
+    cpu_threads: int  # intra-op threads for torch on CPU runs; 0 leaves torch's default
+    payload_path: str = ""  # spawn only: the cloudpickled (function, args)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkerSpec":
+        return cls(**json.loads(text))
+
+
+RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
+KEEP_RUNS = 50
+
+
+def runs_root() -> str:
+    """Where run logs live: $NOTEBOOK_LAUNCHER_RUNS_DIR, else the user's cache directory."""
+    explicit = os.environ.get(RUNS_DIR_ENV_VAR)
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "notebook_launcher", "runs")
+
+
+class RunLog:
+    """One private directory per run: ``events.jsonl`` (every event, as it arrives) and ``run.json`` (summary).
+
+    Only the newest ``KEEP_RUNS`` run directories are kept.
+    """
+
+    _FLUSH_EVERY_S = 0.5
+
+    def __init__(self, root: str | None = None):
+        root = root or runs_root()
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_id = f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.path = os.path.join(root, self.run_id)
+        os.mkdir(self.path, mode=0o700)
+        self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
+        self._last_flush = time.monotonic()
+        _prune(root, keep=KEEP_RUNS)
+
+    def write(self, event: Event) -> None:
+        self._events.write(json.dumps(event.to_json(), default=str) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush > self._FLUSH_EVERY_S:
+            self._events.flush()
+            self._last_flush = now
+
+    def write_summary(self, summary: dict) -> None:
+        with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
+            json.dump(summary, out, indent=2, default=str)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def close(self) -> None:
+        if not self._events.closed:
+            self._events.close()
+
+
+def read_run_log(path: str) -> list[dict]:
+    """The events of a past run, as written (for reading a run after the fact)."""
+    with open(os.path.join(path, "events.jsonl"), encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _prune(root: str, keep: int) -> None:
+    try:
+        runs = sorted(entry for entry in os.listdir(root) if os.path.isdir(os.path.join(root, entry)))
+    except OSError:
+        return
+    for old in runs[:-keep]:
+        shutil.rmtree(os.path.join(root, old), ignore_errors=True)

@@ -1,0 +1,237 @@
+"""notebook_launcher(): arguments → plan → start → supervise → result (or one clear error)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from . import plan as planning
+from .display import TextDisplay
+from .events import EXIT, LAUNCHER, RESULT, Event, RunLog
+from .failure import (LaunchTimeoutError, RankFailedError, RankFailure, failure_message, rank_failures,
+                      root_cause, timeout_message)
+from .supervisor import Supervisor
+
+_MAX_EVENTS_IN_MEMORY = 200_000
+_last_run: "Run | None" = None
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything about one launch, kept after it returns or raises (see ``last_run()``).
+
+    ``results`` and ``exit_codes`` are by global rank; ``events`` holds what every rank said (the run log in
+    ``run_dir`` holds it too, without the in-memory cap).
+    """
+
+    run_id: str
+    run_dir: str
+    device: str
+    backend: str
+    start_method: str
+    num_processes: int
+    world_size: int
+    status: str = "starting"  # starting | running | finished | failed | timed out | interrupted
+    results: dict = dataclasses.field(default_factory=dict)
+    exit_codes: dict = dataclasses.field(default_factory=dict)
+    failures: dict = dataclasses.field(default_factory=dict)
+    root_cause: RankFailure | None = None
+    events: list = dataclasses.field(default_factory=list)
+    events_dropped: int = 0
+    attempts: int = 0
+    started_at: float = dataclasses.field(default_factory=time.time)
+    duration: float = 0.0
+
+    def result(self, rank: int = 0) -> Any:
+        return self.results.get(rank)
+
+    def output(self, rank: int | None = None, stream: str | None = None) -> list[str]:
+        """The lines the workers printed (all ranks, or one), in the order received."""
+        return [event.data["text"] for event in self.events
+                if event.kind == "stream" and (rank is None or event.rank == rank)
+                and (stream is None or event.data.get("stream") == stream)]
+
+    def summary(self) -> dict:
+        return {
+            "run_id": self.run_id, "status": self.status, "device": self.device, "backend": self.backend,
+            "start_method": self.start_method, "num_processes": self.num_processes, "world_size": self.world_size,
+            "attempts": self.attempts, "exit_codes": self.exit_codes, "duration_s": round(self.duration, 4),
+            "root_cause": dataclasses.asdict(self.root_cause) if self.root_cause else None,
+            "result_types": {rank: type(value).__name__ for rank, value in self.results.items()},
+        }
+
+    def __repr__(self) -> str:
+        return (f"<Run {self.run_id} {self.status}: {self.num_processes} x {self.device}/{self.backend} "
+                f"({self.start_method}), {self.duration:.2f} s, log in {self.run_dir}>")
+
+
+def last_run() -> Run | None:
+    """The most recent launch in this process (results by rank, exit codes, events, failures)."""
+    return _last_run
+
+
+def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no", use_port="29500",
+                      master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
+                      rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
+                      log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
+                      timeout=None):
+    """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
+
+    Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
+    ``accelerate.notebook_launcher``. Ours are keyword-only:
+
+    - ``start_method``: ``"auto"`` forks when safe (fast; the workers inherit the notebook's state) and spawns
+      otherwise (CUDA already initialized in this kernel, or no fork on this platform), sending the function and
+      args with cloudpickle; it prints one line saying which and why. ``"fork"``/``"spawn"`` force it.
+    - ``device``: ``"auto"`` (CUDA GPUs if any, one rank per GPU, else CPU), ``"cpu"``, ``"cuda"``, ``"xla"``.
+    - ``backend``: ``"auto"`` (nccl on CUDA, gloo on CPU) or a torch.distributed backend name.
+    - ``timeout``: seconds; a run still going after it is stopped and a ``LaunchTimeoutError`` shows every
+      rank's Python stacks at that moment.
+
+    Each worker gets MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    ACCELERATE_MIXED_PRECISION (and ACCELERATE_USE_CPU on CPU), and an initialized default process group, so
+    plain DDP code and ``accelerate.Accelerator()`` both work inside ``function``. If ``use_port`` is taken, a
+    free port is used (single-node runs). Workers' stdout/stderr (Python and C++) show in this cell, each line
+    prefixed with its rank (``log_line_prefix_template``, default ``"[rank ${rank}] "``), and go to a run log
+    on disk.
+
+    If any rank raises, exits or is killed, every other rank is stopped (with its child processes) and a
+    ``RankFailedError`` names the rank that failed first, with its traceback, then what the others were doing.
+    A kernel interrupt stops every worker and raises KeyboardInterrupt. ``num_processes=1`` runs the function
+    in this kernel. ``max_restarts`` relaunches all ranks after a failure up to that many times.
+
+    Example::
+
+        def train(lr):
+            import torch.distributed as dist
+            t = torch.ones(1) * lr
+            dist.all_reduce(t)
+            return t.item()
+
+        notebook_launcher(train, args=(0.5,), num_processes=2)   # → 1.0
+
+    ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
+    """
+    global _last_run
+    plan = planning.make_plan(
+        function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
+        start_method, device, backend, timeout)
+    payload = planning.spawn_payload(function, plan.args) if plan.start_method == "spawn" else b""
+    log = RunLog()
+    run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
+              start_method=plan.start_method, num_processes=plan.num_processes, world_size=plan.world_size)
+    _last_run = run
+    display = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
+    started = time.monotonic()
+    try:
+        if plan.num_processes == 1 and plan.num_nodes == 1:
+            display.note(f"1 process: running {_name(function)} in this kernel on {plan.device}")
+            return _run_in_kernel(plan, run)
+        display.note(plan.describe())
+        if plan.device == "xla":
+            return _run_xla(plan, run, log)
+        return _run_workers(plan, run, log, display, payload)
+    except KeyboardInterrupt:
+        run.status = "interrupted"
+        display.note(f"interrupted: stopped all {plan.num_processes} worker(s)")
+        raise
+    except BaseException:
+        if run.status in ("starting", "running"):
+            run.status = "failed"
+        raise
+    finally:
+        run.duration = time.monotonic() - started
+        payload_file = log.file("payload.pkl")
+        if os.path.exists(payload_file):
+            os.remove(payload_file)
+        log.write_summary(run.summary())
+        log.close()
+
+
+def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: bytes):
+    payload_path = ""
+    if payload:
+        payload_path = log.file("payload.pkl")
+        descriptor = os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(payload)
+
+    def on_event(event: Event) -> None:
+        if len(run.events) < _MAX_EVENTS_IN_MEMORY:
+            run.events.append(event)
+        else:
+            run.events_dropped += 1
+        log.write(event)
+        display.show(event)
+        if event.kind == RESULT:
+            import cloudpickle
+
+            run.results[event.rank] = cloudpickle.loads(event.attachment)
+        elif event.kind == EXIT:
+            run.exit_codes[event.rank] = event.data.get("exit_code")
+
+    for attempt in range(plan.max_restarts + 1):
+        run.attempts = attempt + 1
+        first_event = len(run.events)
+        supervisor = Supervisor(plan, on_event, payload_path)
+        run.status = "running"
+        try:
+            supervisor.start()
+            supervisor.wait(plan.timeout)
+        finally:
+            supervisor.close()
+        events = run.events[first_event:]
+        ranks = [worker.rank for worker in supervisor.workers]
+        if supervisor.stop_reason == "timeout":
+            run.status = "timed out"
+            raise LaunchTimeoutError(
+                timeout_message(plan.timeout, events, ranks, supervisor.stack_dump_seq, run.run_dir), run)
+        failures = rank_failures(events)
+        if not failures:
+            run.status = "finished"
+            return run.result(0)
+        cause = root_cause(failures)
+        run.failures, run.root_cause = failures, cause
+        if attempt < plan.max_restarts:
+            if plan.num_nodes == 1:
+                port, _ = planning.choose_port(plan.master_addr, plan.master_port)
+                plan = dataclasses.replace(plan, master_port=port)
+            on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
+                "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all "
+                        f"ranks ({attempt + 1} of max_restarts={plan.max_restarts})"}))
+            continue
+        run.status = "failed"
+        raise RankFailedError(failure_message(cause, failures, events, ranks, run.run_dir), cause, failures, run)
+
+
+def _run_in_kernel(plan, run: Run):
+    run.status = "running"
+    result = plan.function(*plan.args)
+    run.results[0] = result
+    run.status = "finished"
+    return result
+
+
+def _run_xla(plan, run: Run, log: RunLog):
+    import cloudpickle
+
+    from .worker import XlaEntry
+
+    xmp = planning.import_xla_multiprocessing()
+    result_path = log.file("xla_result.pkl")
+    run.status = "running"
+    xmp.spawn(XlaEntry(plan.function, result_path), args=plan.args, nprocs=plan.num_processes,
+              start_method=plan.start_method)
+    if os.path.exists(result_path):
+        with open(result_path, "rb") as saved:
+            run.results[0] = cloudpickle.load(saved)
+        os.remove(result_path)
+    run.status = "finished"
+    return run.result(0)
+
+
+def _name(function) -> str:
+    return getattr(function, "__qualname__", type(function).__name__)

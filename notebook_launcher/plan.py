@@ -1,0 +1,409 @@
+"""The validated launch plan: every argument checked in the kernel before any process starts.
+
+Choosing the device, backend, start method and port happens here, so that the supervisor only executes a plan
+and the error for a bad argument names the parameter and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+START_METHOD_CHOICES = ("auto", "fork", "spawn")
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "xla")
+BACKEND_CHOICES = ("auto", "gloo", "nccl", "mpi", "ucc", "xccl")
+RDZV_BACKEND_CHOICES = ("static", "c10d", "etcd", "etcd-v2")
+DEFAULT_PREFIX_TEMPLATE = "[rank ${rank}] "
+
+# Libraries whose import is known to initialize CUDA in the importing process (so fork is no longer safe).
+KNOWN_CUDA_INITIALIZERS = ("bitsandbytes", "pycuda.autoinit", "cupy", "numba.cuda", "tensorflow", "jax")
+
+
+@dataclass
+class LaunchPlan:
+    """Everything the supervisor needs, already checked."""
+
+    function: object
+    args: tuple
+    num_processes: int
+    num_nodes: int
+    node_rank: int
+    device: str
+    backend: str
+    start_method: str
+    start_method_reason: str
+    master_addr: str
+    master_port: int
+    port_note: str
+    mixed_precision: str
+    timeout: float | None
+    max_restarts: int
+    monitor_interval: float
+    log_line_prefix_template: str
+    rdzv_backend: str
+    rdzv_conf: dict
+    rdzv_id: str
+    cpu_threads: int
+    extra_env: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.num_processes
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.num_processes + local_rank
+
+    def env_for(self, local_rank: int) -> dict:
+        """The torch.distributed and Accelerate environment of one rank."""
+        env = {
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "RANK": str(self.global_rank(local_rank)),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.num_processes),
+            "GROUP_RANK": str(self.node_rank),
+            "NODE_RANK": str(self.node_rank),
+            "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
+        }
+        if self.device == "cpu":
+            env["ACCELERATE_USE_CPU"] = "true"
+            if self.cpu_threads and "OMP_NUM_THREADS" not in os.environ:
+                env["OMP_NUM_THREADS"] = str(self.cpu_threads)
+        env.update(self.extra_env)
+        return env
+
+    def describe(self) -> str:
+        """The one line the kernel prints before starting: what, where, and why this start method."""
+        where = f"{self.num_processes} process{'es' if self.num_processes != 1 else ''}"
+        if self.num_nodes > 1:
+            where += f" on node {self.node_rank} of {self.num_nodes} (world size {self.world_size})"
+        return (f"{where} on {self.device} ({self.backend}), "
+                f"start method {self.start_method}: {self.start_method_reason}"
+                + (f"; {self.port_note}" if self.port_note else ""))
+
+
+class LaunchArgumentError(ValueError):
+    """A launch argument is wrong; raised in the kernel before any process starts."""
+
+
+def make_plan(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
+              rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
+              log_line_prefix_template, start_method, device, backend, timeout) -> LaunchPlan:
+    """Check every argument and decide device, backend, start method and port."""
+    if not callable(function):
+        raise TypeError(f"function must be callable (the training function to run on every rank), "
+                        f"got {type(function).__name__}: {function!r}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple or list of positional arguments, got {type(args).__name__}; "
+                        f"for one argument write args=(value,)")
+    mixed_precision = _choice("mixed_precision", str(mixed_precision).lower(), MIXED_PRECISION_CHOICES)
+    start_method = _choice("start_method", start_method, START_METHOD_CHOICES)
+    device = _choice("device", device, DEVICE_CHOICES)
+    backend = _choice("backend", backend, BACKEND_CHOICES)
+    rdzv_backend = _choice("rdzv_backend", rdzv_backend, RDZV_BACKEND_CHOICES)
+    num_nodes = _positive_int("num_nodes", num_nodes)
+    node_rank = _int("node_rank", node_rank)
+    if not 0 <= node_rank < num_nodes:
+        raise LaunchArgumentError(f"node_rank={node_rank} must be between 0 and num_nodes - 1 = {num_nodes - 1}")
+    max_restarts = _int("max_restarts", max_restarts)
+    if max_restarts < 0:
+        raise LaunchArgumentError(f"max_restarts={max_restarts} must be 0 or more")
+    monitor_interval = _positive_number("monitor_interval", monitor_interval)
+    if timeout is not None:
+        timeout = _positive_number("timeout", timeout)
+    if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
+        raise TypeError(f"rdzv_conf must be a dict or None, got {type(rdzv_conf).__name__}")
+    if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
+        raise TypeError("log_line_prefix_template must be a string such as '[${rank}]: ' or None")
+    if num_nodes > 1 and rdzv_backend != "static":
+        raise LaunchArgumentError(
+            f"rdzv_backend={rdzv_backend!r} with num_nodes={num_nodes} is not supported yet; use "
+            f"rdzv_backend='static' with master_addr and use_port set to node 0's address and a free port")
+
+    if rdzv_endpoint:
+        master_addr, use_port = _split_endpoint(rdzv_endpoint)
+    requested_port = _port(use_port)
+    if not isinstance(master_addr, str) or not master_addr:
+        raise LaunchArgumentError(f"master_addr must be a host name or address string, got {master_addr!r}")
+
+    if device == "auto":
+        device = detect_device()
+    if device == "xla":
+        import_xla_multiprocessing()
+        if num_processes is None:
+            num_processes = 8  # Accelerate's default for TPU notebooks
+        num_processes = _positive_int("num_processes", num_processes)
+    else:
+        num_processes = _num_processes(num_processes, device)
+    backend = _backend(backend, device)
+    start_method, reason = choose_start_method(start_method, device)
+    if num_nodes == 1:
+        master_port, port_note = choose_port(master_addr, requested_port)
+    else:
+        master_port, port_note = requested_port, ""
+    cpu_threads = 0
+    if device == "cpu":
+        cpu_threads = max(1, _cpu_count() // num_processes)
+    return LaunchPlan(
+        function=function, args=tuple(args), num_processes=num_processes, num_nodes=num_nodes,
+        node_rank=node_rank, device=device, backend=backend, start_method=start_method,
+        start_method_reason=reason, master_addr=master_addr, master_port=master_port, port_note=port_note,
+        mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
+        else log_line_prefix_template,
+        rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
+    )
+
+
+def _choice(name: str, value, choices) -> str:
+    if value not in choices:
+        raise LaunchArgumentError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}")
+    return value
+
+
+def _int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    return value
+
+
+def _positive_int(name: str, value) -> int:
+    value = _int(name, value)
+    if value < 1:
+        raise LaunchArgumentError(f"{name}={value} must be 1 or more")
+    return value
+
+
+def _positive_number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r}")
+    if not value > 0:
+        raise LaunchArgumentError(f"{name}={value} must be more than 0 seconds")
+    return float(value)
+
+
+def _num_processes(value, device: str) -> int:
+    gpus = cuda_device_count() if device == "cuda" else 0
+    available = f"{gpus} CUDA GPU(s)" if device == "cuda" else f"{_cpu_count()} CPU core(s)"
+    if value is None:
+        raise LaunchArgumentError(
+            f"num_processes is None: say how many ranks to start, e.g. num_processes=2 (this machine has "
+            f"{available})")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"num_processes must be an int such as 2, got {type(value).__name__}: {value!r}")
+    if value < 1:
+        raise LaunchArgumentError(f"num_processes={value} must be 1 or more (this machine has {available})")
+    if device == "cuda" and value > gpus:
+        raise LaunchArgumentError(
+            f"num_processes={value} asks for more GPU ranks than the {gpus} CUDA GPU(s) visible here (one rank "
+            f"per GPU); use num_processes={gpus} or less, or device='cpu'")
+    return value
+
+
+def _backend(backend: str, device: str) -> str:
+    if backend == "auto":
+        return {"cuda": "nccl", "xla": "xla", "cpu": "gloo"}[device]
+    if backend == "nccl" and device != "cuda":
+        raise LaunchArgumentError(f"backend='nccl' needs CUDA GPUs but device={device!r}; use backend='gloo'")
+    if backend == "mpi":
+        import torch.distributed as dist
+
+        if not dist.is_mpi_available():
+            raise LaunchArgumentError("backend='mpi' but this torch was built without MPI; use backend='gloo'")
+    return backend
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, str]:
+    host, sep, port = str(endpoint).rpartition(":")
+    if not sep or not host:
+        raise LaunchArgumentError(f"rdzv_endpoint={endpoint!r} must look like 'host:port'")
+    return host, port
+
+
+def _port(value) -> int:
+    try:
+        port = int(str(value))
+    except ValueError:
+        raise LaunchArgumentError(f"use_port={value!r} must be a port number such as '29500'") from None
+    if not 1 <= port <= 65535:
+        raise LaunchArgumentError(f"use_port={value!r} is out of range: use a port between 1 and 65535")
+    return port
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cuda_device_count() -> int:
+    """GPUs visible here, counted through NVML so the kernel's CUDA stays uninitialized (fork stays safe)."""
+    torch = _torch()
+    if not torch.backends.cuda.is_built():
+        return 0
+    return torch.cuda.device_count()
+
+
+def tpu_detected() -> bool:
+    """A TPU host as Accelerate recognises one: torch_xla installed and a TPU named in the environment."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    return bool(os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR")
+                or os.environ.get("PJRT_DEVICE", "").upper() == "TPU")
+
+
+def detect_device() -> str:
+    if tpu_detected():
+        return "xla"
+    if cuda_device_count() > 0:
+        return "cuda"
+    return "cpu"
+
+
+def cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def cuda_initializer_suspects() -> list[str]:
+    """Modules already imported in the kernel that are known to initialize CUDA on import."""
+    return [name for name in KNOWN_CUDA_INITIALIZERS if name in sys.modules]
+
+
+def choose_start_method(requested: str, device: str) -> tuple[str, str]:
+    """fork when it is safe (fast, inherits the notebook's state), else spawn with cloudpickle."""
+    fork_available = hasattr(os, "fork")
+    unsafe = None
+    if not fork_available:
+        unsafe = "this platform has no fork"
+    elif sys.platform == "darwin":
+        unsafe = "fork is unsafe on macOS"
+    elif device == "cuda" and cuda_initialized():
+        unsafe = "CUDA is already initialized in this kernel" + _suspects_note()
+    if requested == "spawn":
+        return "spawn", "requested"
+    if requested == "fork":
+        if unsafe:
+            raise LaunchArgumentError(fork_unsafe_message(unsafe))
+        return "fork", "requested"
+    if unsafe:
+        return "spawn", f"fork is not safe here ({unsafe})"
+    return "fork", "safe here" + (" (CUDA not initialized in this kernel)" if device == "cuda" else "")
+
+
+def _suspects_note() -> str:
+    suspects = cuda_initializer_suspects()
+    return f" (probably by `import {suspects[0]}`)" if suspects else ""
+
+
+def fork_unsafe_message(why: str) -> str:
+    return (f"start_method='fork' cannot be used: {why}, and a forked worker cannot use CUDA after that. "
+            "Fix: restart the kernel and keep CUDA out of it before the launch (move imports such as "
+            "bitsandbytes and any .cuda()/.to('cuda') calls inside the launched function), or pass "
+            "start_method='spawn' (the function and its arguments are then sent with cloudpickle).")
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore binds
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def choose_port(host: str, requested: int) -> tuple[int, str]:
+    """The requested port if it is free, else any free one, chosen per launch so a relaunch works at once."""
+    try:
+        if port_is_free(host, requested):
+            return requested, ""
+        port = free_port(host)
+    except OSError:  # not a local address: leave the port to the user
+        return requested, ""
+    return port, f"port {requested} is busy, using {port}"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def spawn_payload(function, args) -> bytes:
+    """What a spawned worker loads: the kernel's sys.path, then (function, args) by cloudpickle.
+
+    Pickled here, in the kernel, so an unpicklable function or argument is named before any process starts.
+    """
+    import pickle
+
+    import cloudpickle
+
+    name = getattr(function, "__qualname__", repr(function))
+    try:
+        cloudpickle.dumps(function)
+    except Exception as exc:  # noqa: BLE001 - any pickling error is reported the same way
+        culprit = _unpicklable_reference(function)
+        what = f"it refers to {culprit}" if culprit else f"{type(exc).__name__}: {exc}"
+        raise TypeError(
+            f"function {name} cannot be pickled for start_method='spawn': {what}. Create that object inside the "
+            f"function, or use start_method='fork'.") from exc
+    for index, value in enumerate(args):
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(
+                f"args[{index}] (a {type(value).__name__}) cannot be pickled for start_method='spawn': "
+                f"{type(exc).__name__}: {exc}. Create it inside the function, or use start_method='fork'.") from exc
+    return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))
+
+
+def _unpicklable_reference(function) -> str:
+    """The first global or closure variable of ``function`` that cloudpickle cannot pickle, described."""
+    import cloudpickle
+
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return ""
+    candidates = []
+    for var, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or ()):
+        try:
+            candidates.append((var, cell.cell_contents))
+        except ValueError:
+            continue
+    function_globals = getattr(function, "__globals__", {})
+    candidates += [(var, function_globals[var]) for var in code.co_names if var in function_globals]
+    for var, value in candidates:
+        if isinstance(value, type(sys)):
+            continue  # modules are pickled by reference
+        try:
+            cloudpickle.dumps(value)
+        except Exception:  # noqa: BLE001
+            return f"`{var}` (a {type(value).__name__})"
+    return ""
+
+
+def import_xla_multiprocessing():
+    """torch_xla's multiprocessing module, or an error that says how to get it."""
+    try:
+        import importlib
+
+        return importlib.import_module("torch_xla.distributed.xla_multiprocessing")
+    except ImportError as exc:
+        raise LaunchArgumentError(
+            "device='xla' needs torch_xla, which is not importable here "
+            f"({exc}). Install it (pip install 'torch_xla[tpu]') on a TPU host, or use device='cpu'/'cuda'."
+        ) from exc

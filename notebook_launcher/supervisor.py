@@ -1,0 +1,412 @@
+"""Processes: start one worker per rank, multiplex their pipes, watch their exits, tear down whole trees.
+
+One loop in the launching thread does everything with a selector: each worker's event pipe, stdout pipe, stderr
+pipe and pidfd (readable when the worker exits). No helper thread, no signal handler: a kernel interrupt arrives
+as KeyboardInterrupt in this loop, which stops every worker before re-raising it.
+
+Workers run in process groups of their own, so a teardown reaches their children (DataLoader workers) and the
+SIGINT that Jupyter sends to the kernel's group does not hit them half-way through a collective.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .events import (EXIT, FAILURE, STATUS, STREAM, Event, FrameDecoder, LineSplitter, WorkerSpec,
+                     event_from_frame)
+
+_PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+TERMINATE_GRACE_S = 1.0
+STACK_DUMP_WAIT_S = 0.5
+EOF_WAIT_AFTER_EXIT_S = 1.0
+
+
+@dataclass
+class WorkerProcess:
+    """The kernel's handle on one rank."""
+
+    rank: int
+    local_rank: int
+    pid: int = 0
+    popen: subprocess.Popen | None = None
+    pidfd: int | None = None
+    exit_code: int | None = None  # set once reaped
+    signal: int | None = None
+    stopped_by_launcher: bool = False
+    read_fds: dict = field(default_factory=dict)  # name -> fd (events, stdout, stderr)
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None and self.signal is None
+
+
+class Supervisor:
+    """Starts, watches and stops the workers of one launch attempt.
+
+    ``on_event`` receives every event (worker records, output lines, exits) in the order read.
+    """
+
+    def __init__(self, plan, on_event, spawn_payload_path: str = ""):
+        self.plan = plan
+        self.on_event = on_event
+        self.spawn_payload_path = spawn_payload_path
+        self.workers: list[WorkerProcess] = []
+        self.stop_reason: str | None = None  # "failure" | "timeout" | "interrupted"
+        self.stack_dump_seq: dict[int, int] = {}  # rank -> seq at which a stack dump was requested
+        self._selector = selectors.DefaultSelector()
+        self._decoders: dict[int, FrameDecoder] = {}
+        self._splitters: dict[tuple[int, str], LineSplitter] = {}
+        self._seq: dict[int, int] = {}
+        self._kill_at: float | None = None
+        self._eof_deadline: float | None = None
+        self._finished_ranks: set[int] = set()
+
+    # -- start -------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        kernel_fds: list[int] = []  # fds a later forked child must close (earlier ranks' read ends and pidfds)
+        for local_rank in range(self.plan.num_processes):
+            worker = WorkerProcess(rank=self.plan.global_rank(local_rank), local_rank=local_rank)
+            pipes = {name: self._pipe() for name in ("events", "stdout", "stderr")}
+            spec = WorkerSpec(
+                rank=worker.rank, local_rank=local_rank, world_size=self.plan.world_size,
+                local_world_size=self.plan.num_processes, node_rank=self.plan.node_rank,
+                device=self.plan.device, backend=self.plan.backend, env=self.plan.env_for(local_rank),
+                events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
+                parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
+            )
+            own_read_ends = [read for read, _ in pipes.values()]
+            if self.plan.start_method == "fork":
+                worker.pid = self._fork(spec, kernel_fds + own_read_ends)
+            else:
+                worker.popen = self._spawn(spec)
+                worker.pid = worker.popen.pid
+            for name, (read, write) in pipes.items():
+                os.close(write)
+                os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
+                worker.read_fds[name] = read
+                self._selector.register(read, selectors.EVENT_READ, (worker, name))
+            kernel_fds += own_read_ends
+            worker.pidfd = _pidfd_open(worker.pid)
+            if worker.pidfd is not None:
+                kernel_fds.append(worker.pidfd)
+                self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, "exit"))
+            self._decoders[worker.rank] = FrameDecoder()
+            self._splitters[(worker.rank, "stdout")] = LineSplitter()
+            self._splitters[(worker.rank, "stderr")] = LineSplitter()
+            self.workers.append(worker)
+
+    def _pipe(self) -> tuple[int, int]:
+        read, write = os.pipe()
+        try:
+            fcntl.fcntl(write, _F_SETPIPE_SZ, _PIPE_SIZE)
+        except OSError:
+            pass
+        return read, write
+
+    def _fork(self, spec: WorkerSpec, fds_to_close: list[int]) -> int:
+        from .worker import run_forked
+
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            run_forked(spec, self.plan.function, self.plan.args, fds_to_close)
+        try:
+            os.setpgid(pid, pid)  # also done by the child; whoever runs first wins the race
+        except OSError:
+            pass
+        return pid
+
+    def _spawn(self, spec: WorkerSpec) -> subprocess.Popen:
+        from .worker import SPEC_ENV_VAR
+
+        events_fd = spec.events_fd
+        spec_for_child = WorkerSpec(**{**spec.__dict__, "stdout_fd": 1, "stderr_fd": 2})
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env[SPEC_ENV_VAR] = spec_for_child.to_json()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+        kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+        return subprocess.Popen(
+            [sys.executable, "-c", "from notebook_launcher.worker import main_spawned; main_spawned()"],
+            stdin=subprocess.DEVNULL, stdout=spec.stdout_fd, stderr=spec.stderr_fd, pass_fds=(events_fd,),
+            env=env, close_fds=True, **kwargs,
+        )
+
+    # -- wait --------------------------------------------------------------------------------------------------
+    def wait(self, timeout: float | None) -> None:
+        """Run until every worker has exited and its pipes are drained. Stops everyone on the first failure,
+        at ``timeout`` seconds, or on KeyboardInterrupt (re-raised once all workers are gone)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        interrupted = False
+        while not self._finished():
+            try:
+                self._step(deadline)
+            except KeyboardInterrupt:
+                interrupted = True
+                self.stop("interrupted", grace=0.5)
+        if interrupted:
+            raise KeyboardInterrupt
+
+    def _finished(self) -> bool:
+        if any(worker.alive for worker in self.workers):
+            return False
+        if not self._selector.get_map():
+            return True
+        now = time.monotonic()
+        if self._eof_deadline is None:
+            self._eof_deadline = now + EOF_WAIT_AFTER_EXIT_S
+        if now >= self._eof_deadline:  # a descendant that escaped the group still holds a pipe
+            self._drain_and_close_all()
+            return True
+        return False
+
+    def _step(self, deadline: float | None) -> None:
+        wait_s = self.plan.monitor_interval
+        now = time.monotonic()
+        if deadline is not None and self.stop_reason is None:
+            wait_s = min(wait_s, max(0.0, deadline - now))
+        if self._kill_at is not None:
+            wait_s = min(wait_s, max(0.0, self._kill_at - now))
+        for key, _ in self._selector.select(wait_s):
+            worker, channel = key.data
+            if channel == "exit":
+                self._reap(worker)
+            else:
+                self._read(worker, channel, key.fd)
+        self._reap_all_without_pidfd()
+        now = time.monotonic()
+        if deadline is not None and now >= deadline and self.stop_reason is None:
+            self.request_stack_dumps()
+            self._collect_for(STACK_DUMP_WAIT_S)
+            self.stop("timeout")
+        if self._kill_at is not None and now >= self._kill_at:
+            self._signal_all(signal.SIGKILL)
+            self._kill_at = None
+
+    def _collect_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and any(worker.alive for worker in self.workers):
+            for key, _ in self._selector.select(max(0.0, end - time.monotonic())):
+                worker, channel = key.data
+                if channel == "exit":
+                    self._reap(worker)
+                else:
+                    self._read(worker, channel, key.fd)
+
+    def _read(self, worker: WorkerProcess, channel: str, fd: int) -> bool:
+        """Read what one pipe has; False when it had nothing (or reached EOF and was closed)."""
+        try:
+            chunk = os.read(fd, _PIPE_SIZE)
+        except BlockingIOError:
+            return False
+        if channel == "events":
+            decoder = self._decoders[worker.rank]
+            for header, attachment in decoder.feed(chunk):
+                self._emit_frame(header, attachment)
+            if not chunk and decoder.pending_bytes:
+                self._emit(worker.rank, FAILURE, {
+                    "type": "TruncatedEvent", "message": f"{decoder.pending_bytes} bytes of an unfinished event "
+                    "(the worker died while writing it)", "traceback": "", "exit_code": None})
+        else:
+            splitter = self._splitters[(worker.rank, channel)]
+            lines = splitter.feed(chunk) if chunk else splitter.finish()
+            for line in lines:
+                self._emit(worker.rank, STREAM, {"stream": channel, "text": line})
+        if not chunk:
+            self._selector.unregister(fd)
+            os.close(fd)
+            del worker.read_fds[channel]
+        return bool(chunk)
+
+    def _drain(self, worker: WorkerProcess) -> None:
+        """Everything a dead worker wrote is already in its pipes: read it all before reporting its exit."""
+        for channel, fd in list(worker.read_fds.items()):
+            while worker.read_fds.get(channel) == fd and self._read(worker, channel, fd):
+                pass
+
+    def _emit_frame(self, header: dict, attachment: bytes) -> None:
+        rank = int(header["rank"])
+        self._seq[rank] = self._seq.get(rank, 0) + 1
+        event = event_from_frame(header, attachment, self._seq[rank])
+        self._deliver(event)
+
+    def _emit(self, rank: int, kind: str, data: dict) -> None:
+        self._seq[rank] = self._seq.get(rank, 0) + 1
+        self._deliver(Event(rank=rank, seq=self._seq[rank], time=time.monotonic(), kind=kind, data=data))
+
+    def _deliver(self, event: Event) -> None:
+        self.on_event(event)
+        if self.stop_reason is None and self._is_fatal(event):
+            self.stop("failure")
+
+    def _is_fatal(self, event: Event) -> bool:
+        """A rank that raised, or that exited without finishing its function (any exit code), ends the run."""
+        if event.kind == STATUS and event.data.get("state") == "finished":
+            self._finished_ranks.add(event.rank)
+        if event.kind == FAILURE:
+            return True
+        if event.kind == EXIT:
+            return event.data.get("exit_code") != 0 or event.rank not in self._finished_ranks
+        return False
+
+    # -- exits -------------------------------------------------------------------------------------------------
+    def _reap(self, worker: WorkerProcess) -> None:
+        if not worker.alive:
+            return
+        status = self._waitpid(worker)
+        if status is None:
+            return
+        if worker.pidfd is not None:
+            self._selector.unregister(worker.pidfd)
+            os.close(worker.pidfd)
+            worker.pidfd = None
+        if os.WIFSIGNALED(status):
+            worker.signal = os.WTERMSIG(status)
+            worker.exit_code = -worker.signal
+        else:
+            worker.exit_code = os.WEXITSTATUS(status)
+        _kill_group(worker.pid, signal.SIGKILL)  # whatever it left behind (DataLoader workers) goes with it
+        self._drain(worker)
+        self._emit(worker.rank, EXIT, {"exit_code": worker.exit_code, "signal": worker.signal,
+                                       "signal_name": _signal_name(worker.signal),
+                                       "stopped_by_launcher": worker.stopped_by_launcher})
+
+    def _waitpid(self, worker: WorkerProcess) -> int | None:
+        try:
+            pid, status = os.waitpid(worker.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (should not happen); count it as gone
+            return 0
+        if pid == 0:
+            return None
+        if worker.popen is not None:
+            worker.popen.returncode = os.waitstatus_to_exitcode(status)
+        return status
+
+    def _reap_all_without_pidfd(self) -> None:
+        for worker in self.workers:
+            if worker.alive and worker.pidfd is None:
+                self._reap(worker)
+
+    # -- stop --------------------------------------------------------------------------------------------------
+    def request_stack_dumps(self) -> None:
+        """Ask every live worker for all its threads' Python stacks (faulthandler on SIGUSR1 → its stderr)."""
+        for worker in self.workers:
+            if worker.alive:
+                self.stack_dump_seq[worker.rank] = self._seq.get(worker.rank, 0)
+                try:
+                    os.kill(worker.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+
+    def stop(self, reason: str, grace: float = TERMINATE_GRACE_S) -> None:
+        """SIGTERM every live worker's process group now, SIGKILL after ``grace`` seconds."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        for worker in self.workers:
+            if worker.alive:
+                worker.stopped_by_launcher = True
+        self._signal_all(signal.SIGTERM)
+        kill_at = time.monotonic() + grace
+        self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
+
+    def _signal_all(self, signum: int) -> None:
+        for worker in self.workers:
+            if worker.alive:
+                for pid in _descendants(worker.pid):
+                    _kill(pid, signum)
+                _kill_group(worker.pid, signum)
+
+    def close(self) -> None:
+        """Last resort after wait(): nothing of ours survives, every fd is closed, every child reaped."""
+        if any(worker.alive for worker in self.workers):
+            self._signal_all(signal.SIGKILL)
+            for worker in self.workers:
+                if worker.alive:
+                    try:
+                        os.waitpid(worker.pid, 0)
+                    except ChildProcessError:
+                        pass
+                    if worker.popen is not None:
+                        worker.popen.returncode = -9
+                    worker.signal = signal.SIGKILL
+                    worker.exit_code = -signal.SIGKILL
+        self._drain_and_close_all()
+        for worker in self.workers:
+            if worker.pidfd is not None:
+                os.close(worker.pidfd)
+                worker.pidfd = None
+        self._selector.close()
+
+    def _drain_and_close_all(self) -> None:
+        for worker in self.workers:
+            self._drain(worker)
+            for channel, fd in list(worker.read_fds.items()):  # held open by an escaped descendant
+                splitter = self._splitters.get((worker.rank, channel))
+                for line in splitter.finish() if splitter else []:
+                    self._emit(worker.rank, STREAM, {"stream": channel, "text": line})
+                self._selector.unregister(fd)
+                os.close(fd)
+                del worker.read_fds[channel]
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fd)
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        _kill(pgid, signum)  # the child may not have made its group yet
+
+
+def _signal_name(signum: int | None) -> str | None:
+    if signum is None:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), including those that left its process group."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

@@ -1,0 +1,305 @@
+"""What runs in each rank: environment, process group, stream capture, result and exception reporting.
+
+This module only knows the event schema (``events``); it never imports the kernel side. A worker:
+
+1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on;
+2. points fd 1 and fd 2 at pipes of its own and replaces ``sys.stdout``/``sys.stderr`` with unbuffered writers on
+   them, so Python prints and C/C++ output (gloo, NCCL, torch warnings) reach the kernel in order and nothing is
+   held in a buffer when the process is killed;
+3. arms ``faulthandler`` (crash dumps, and all threads' stacks on SIGUSR1 for hang diagnosis);
+4. sets the torch.distributed and ``ACCELERATE_*`` environment, initializes the default process group, runs the
+   user's function, reports the result or the exception as events, and exits with ``os._exit`` so that nothing
+   inherited from the kernel (atexit handlers, ipykernel threads' state) runs in the child.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import faulthandler
+import io
+import logging
+import os
+import pickle
+import signal
+import sys
+import traceback
+from datetime import timedelta
+
+from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec, write_all
+
+SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
+_PR_SET_PDEATHSIG = 1
+
+
+class FdTextStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a worker: every write goes straight to the file descriptor.
+
+    No buffer means no loss: a line printed just before a SIGKILL is already in the kernel's pipe.
+    """
+
+    def __init__(self, fd: int, name: str):
+        super().__init__()
+        self._fd = fd
+        self._name = name
+        self.buffer = _FdBinaryStream(fd)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+    @property
+    def errors(self) -> str:
+        return "backslashreplace"
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        write_all(self._fd, text.encode("utf-8", "backslashreplace"))
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+
+class _FdBinaryStream(io.RawIOBase):
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        write_all(self._fd, data)
+        return len(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+
+def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None:
+    """Entry point in a forked child. Never returns."""
+    exit_code = 70  # EX_SOFTWARE, if even the setup below fails
+    try:
+        os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
+        for fd in inherited_fds_to_close:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        exit_code = _run(spec, lambda: (function, args))
+    finally:
+        os._exit(exit_code)
+
+
+def main_spawned() -> None:
+    """Entry point of a spawned child (``python -c 'from notebook_launcher.worker import main_spawned; ...'``)."""
+    spec = WorkerSpec.from_json(os.environ.pop(SPEC_ENV_VAR))
+    exit_code = 70
+    try:
+        exit_code = _run(spec, lambda: _load_payload(spec.payload_path))
+    finally:
+        os._exit(exit_code)
+
+
+def _load_payload(path: str):
+    """The spawn payload: the kernel's sys.path first (so by-reference pickles import), then (function, args)."""
+    with open(path, "rb") as payload:
+        kernel_sys_path = pickle.load(payload)
+        for entry in kernel_sys_path:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        return pickle.load(payload)
+
+
+def _run(spec: WorkerSpec, load_function) -> int:
+    _die_with_parent(spec.parent_pid)
+    _capture_streams(spec)
+    events = EventWriter(spec.events_fd, spec.rank)
+    events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
+    os.environ.update(spec.env)
+    process_group_up = False
+    try:
+        function, args = load_function()
+        _limit_cpu_threads(spec)
+        process_group_up = _init_process_group(spec)
+        events.emit(STATUS, {"state": "running"})
+        result = function(*args)
+        _report_result(events, result)
+        exit_code = 0
+    except SystemExit as exc:
+        exit_code = _exit_code_of(exc)
+        if exit_code == 0:
+            _report_result(events, None)
+        else:
+            _report_failure(events, exc, exit_code, message=f"the function called sys.exit({exc.code!r})")
+    except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
+        exit_code = 1
+        _report_failure(events, exc, exit_code)
+    if exit_code == 0 and process_group_up:
+        _destroy_process_group()
+    events.emit(STATUS, {"state": "finished" if exit_code == 0 else "failed", "exit_code": exit_code})
+    return exit_code
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    return 1
+
+
+def _report_result(events: EventWriter, result) -> None:
+    import cloudpickle
+
+    try:
+        payload = cloudpickle.dumps(_to_cpu(result))
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(
+            f"the function's return value (a {type(result).__name__}) could not be pickled to send it to the "
+            f"kernel: {exc}. Return plain data (tensors, numbers, dicts, a state_dict) instead."
+        ) from exc
+    events.emit(RESULT, {"type": type(result).__name__, "bytes": len(payload)}, payload)
+
+
+def _report_failure(events: EventWriter, exc: BaseException, exit_code: int, message: str | None = None) -> None:
+    frames = exc.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
+        frames = frames.tb_next  # the user's frames only: ours add nothing to the story
+    text = "".join(traceback.format_exception(type(exc), exc, frames))
+    events.emit(FAILURE, {
+        "type": type(exc).__qualname__,
+        "module": type(exc).__module__,
+        "message": message if message is not None else str(exc),
+        "traceback": text,
+        "exit_code": exit_code,
+    })
+
+
+def _to_cpu(value):
+    """Tensors in the result come back on the CPU, so the kernel never touches a device."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        clone = copy.copy(value)  # keeps a state_dict's _metadata
+        for key, item in value.items():
+            clone[key] = _to_cpu(item)
+        return clone
+    if type(value) in (list, tuple):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the kernel died before prctl took effect
+        os._exit(75)
+
+
+def _capture_streams(spec: WorkerSpec) -> None:
+    previous = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a worker asking for input() must not block on the kernel's stdin
+    os.close(devnull)
+    for source, target in ((spec.stdout_fd, 1), (spec.stderr_fd, 2)):
+        if source != target:  # under spawn the pipes already are fd 1 and 2
+            os.dup2(source, target)
+            os.close(source)
+    sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>")
+    sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>")
+    _retarget_logging_handlers(previous)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+
+
+def _retarget_logging_handlers(previous_streams) -> None:
+    """Handlers the kernel set up on its own stdout/stderr would write through ipykernel's sockets from the
+    child (slow, and lost after the cell ends): point them at the worker's streams."""
+    previous_ids = {id(stream): index for index, stream in enumerate(previous_streams)}
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and id(stream) in previous_ids:
+                handler.setStream(sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr)
+
+
+def _limit_cpu_threads(spec: WorkerSpec) -> None:
+    if spec.cpu_threads > 0:
+        import torch
+
+        torch.set_num_threads(spec.cpu_threads)
+
+
+def _init_process_group(spec: WorkerSpec) -> bool:
+    """The default process group for the chosen backend (env:// from the variables the kernel set)."""
+    if spec.device == "xla":
+        return False
+    import torch
+    import torch.distributed as dist
+
+    kwargs = {}
+    if spec.device == "cuda":
+        torch.cuda.set_device(spec.local_rank)
+        kwargs["device_id"] = torch.device("cuda", spec.local_rank)
+    timeout_s = float(spec.env.get("NOTEBOOK_LAUNCHER_PG_TIMEOUT", "0") or 0)
+    if timeout_s > 0:
+        kwargs["timeout"] = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=spec.backend, init_method="env://", rank=spec.rank,
+                            world_size=spec.world_size, **kwargs)
+    return True
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the run already succeeded; a teardown hiccup must not fail it
+            pass
+
+
+class XlaEntry:
+    """What torch_xla's ``xmp.spawn`` runs on each TPU core: the function, and rank 0's result saved to a file
+    for the kernel (xmp.spawn itself returns nothing)."""
+
+    def __init__(self, function, result_path: str):
+        self.function = function
+        self.result_path = result_path
+
+    def __call__(self, index, *args):
+        result = self.function(*args)
+        if index == 0:
+            import cloudpickle
+
+            with open(self.result_path, "wb") as out:
+                cloudpickle.dump(_to_cpu(result), out)
+        return result
