@@ -1,0 +1,27 @@
+# The two commands of the README: `make demo` (the quickstart notebook, end to end, 2 CPU workers) and
+# `make test` (every test). Both set up .venv themselves; torch comes from the local 2.13.0 wheel when present.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: demo test bench clean
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.ready
+	$(BIN)/python scripts/run_notebook.py notebooks/quickstart.ipynb
+
+test: $(VENV)/.ready
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(VENV)/.ready
+	$(BIN)/python benchmarks/launch_overhead.py
+
+clean:
+	rm -rf $(VENV) notebooks/*.executed.ipynb
