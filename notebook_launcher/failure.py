@@ -20,6 +20,7 @@ _LOST_PEER = re.compile(
     re.IGNORECASE,
 )
 _CONTEXT_LINES = 30
+_MAX_CRASH_LINES = 120
 _SIGNAL_HINTS = {
     "SIGKILL": "killed from outside, often by the out-of-memory killer (check `dmesg`)",
     "SIGSEGV": "a segmentation fault, a crash in native code",
@@ -70,8 +71,16 @@ def rank_failures(events: list[Event]) -> dict[int, RankFailure]:
             elif not event.data.get("stopped_by_launcher") and event.rank not in finished:
                 failures[event.rank] = _exit_failure(event, stderr.get(event.rank, []))
     for failure in failures.values():
-        failure.last_stderr = stderr.get(failure.rank, [])[-_CONTEXT_LINES:]
+        failure.last_stderr = _stderr_context(stderr.get(failure.rank, []))
     return failures
+
+
+def _stderr_context(lines: list[str]) -> list[str]:
+    """The end of a rank's stderr; for a crash, faulthandler's whole report ("Fatal Python error: ...")."""
+    for index in range(len(lines) - 1, max(-1, len(lines) - _MAX_CRASH_LINES - 1), -1):
+        if lines[index].startswith("Fatal Python error"):
+            return lines[index:]
+    return lines[-_CONTEXT_LINES:]
 
 
 def _exit_failure(event: Event, stderr: list[str]) -> RankFailure:

@@ -310,6 +310,7 @@ class Supervisor:
         if self.stop_reason is None:
             self.stop_reason = reason
         for worker in self.workers:
+            self._reap(worker)  # one that already died on its own keeps its own cause of death
             if worker.alive:
                 worker.stopped_by_launcher = True
         self._signal_all(signal.SIGTERM)

@@ -24,6 +24,7 @@ import pickle
 import signal
 import sys
 import traceback
+import warnings
 from datetime import timedelta
 
 from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec, write_all
@@ -232,9 +233,14 @@ def _capture_streams(spec: WorkerSpec) -> None:
     sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>")
     sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>")
     _retarget_logging_handlers(previous)
+    warnings.showwarning = _show_warning  # whatever the kernel did with warnings (recording them), show them
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _retarget_logging_handlers(previous_streams) -> None:

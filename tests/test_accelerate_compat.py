@@ -1,0 +1,44 @@
+"""Accelerate's Accelerator, created inside the launched function, is distributed on CPU."""
+
+import os
+
+import pytest
+
+from notebook_launcher import last_run, notebook_launcher
+
+
+@pytest.fixture(autouse=True)
+def private_runs_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_RUNS_DIR", str(tmp_path / "runs"))
+
+
+def with_accelerator():
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(4, 1))
+    total = accelerator.reduce(torch.tensor([float(accelerator.process_index)]), reduction="sum")
+    return {
+        "num_processes": accelerator.num_processes,
+        "process_index": accelerator.process_index,
+        "mixed_precision": accelerator.mixed_precision,
+        "distributed_type": str(accelerator.distributed_type),
+        "device": accelerator.device.type,
+        "wrapped": type(model).__name__,
+        "total": total.item(),
+    }
+
+
+def test_accelerator_inside_the_function_sees_two_cpu_processes_and_bf16():
+    notebook_launcher(with_accelerator, num_processes=2, mixed_precision="bf16", device="cpu")
+    results = last_run().results
+    assert sorted(r["process_index"] for r in results.values()) == [0, 1]
+    for result in results.values():
+        assert result["num_processes"] == 2
+        assert result["mixed_precision"] == "bf16"
+        assert result["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert result["device"] == "cpu"
+        assert result["wrapped"] == "DistributedDataParallel"
+        assert result["total"] == 1.0
+    assert "ACCELERATE_MIXED_PRECISION" not in os.environ
