@@ -272,6 +272,11 @@ def cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
+def kernel_process_group_initialized() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
 def cuda_initializer_suspects() -> list[str]:
     """Modules already imported in the kernel that are known to initialize CUDA on import."""
     return [name for name in KNOWN_CUDA_INITIALIZERS if name in sys.modules]
@@ -287,6 +292,9 @@ def choose_start_method(requested: str, device: str) -> tuple[str, str]:
         unsafe = "fork is unsafe on macOS"
     elif device == "cuda" and cuda_initialized():
         unsafe = "CUDA is already initialized in this kernel" + _suspects_note()
+    elif kernel_process_group_initialized():
+        unsafe = ("torch.distributed is already initialized in this kernel (a forked worker would inherit its "
+                  "sockets); call torch.distributed.destroy_process_group() in the kernel")
     if requested == "spawn":
         return "spawn", "requested"
     if requested == "fork":
@@ -304,10 +312,11 @@ def _suspects_note() -> str:
 
 
 def fork_unsafe_message(why: str) -> str:
-    return (f"start_method='fork' cannot be used: {why}, and a forked worker cannot use CUDA after that. "
-            "Fix: restart the kernel and keep CUDA out of it before the launch (move imports such as "
-            "bitsandbytes and any .cuda()/.to('cuda') calls inside the launched function), or pass "
-            "start_method='spawn' (the function and its arguments are then sent with cloudpickle).")
+    fix = "pass start_method='spawn' (the function and its arguments are then sent with cloudpickle)"
+    if "CUDA" in why:
+        fix = ("restart the kernel and keep CUDA out of it before the launch (move imports such as bitsandbytes "
+               "and any .cuda()/.to('cuda') calls inside the launched function), or " + fix)
+    return f"start_method='fork' cannot be used: {why}. Fix: {fix}."
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -137,6 +137,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
     process_group_up = False
     try:
         function, args = load_function()
+        _forget_inherited_accelerate_state()
         _limit_cpu_threads(spec)
         process_group_up = _init_process_group(spec)
         events.emit(STATUS, {"state": "running"})
@@ -255,6 +256,18 @@ def _retarget_logging_handlers(previous_streams) -> None:
             stream = getattr(handler, "stream", None)
             if isinstance(handler, logging.StreamHandler) and id(stream) in previous_ids:
                 handler.setStream(sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr)
+
+
+def _forget_inherited_accelerate_state() -> None:
+    """An Accelerator made in the notebook before the launch is inherited by fork; Accelerate would then refuse
+    to set up the distributed state in the worker. Each worker starts from a clean slate instead."""
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return
+    for holder in ("AcceleratorState", "PartialState", "GradientState"):
+        shared = getattr(getattr(state, holder, None), "_shared_state", None)
+        if shared is not None:
+            shared.clear()
 
 
 def _limit_cpu_threads(spec: WorkerSpec) -> None:

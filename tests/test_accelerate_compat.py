@@ -42,3 +42,16 @@ def test_accelerator_inside_the_function_sees_two_cpu_processes_and_bf16():
         assert result["wrapped"] == "DistributedDataParallel"
         assert result["total"] == 1.0
     assert "ACCELERATE_MIXED_PRECISION" not in os.environ
+
+
+def test_an_accelerator_already_made_in_the_kernel_does_not_block_the_launch():
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    Accelerator(cpu=True)  # the common notebook mistake: Accelerate itself refuses to launch after this
+    try:
+        notebook_launcher(with_accelerator, num_processes=2, device="cpu")
+        assert sorted(r["process_index"] for r in last_run().results.values()) == [0, 1]
+        assert all(r["num_processes"] == 2 for r in last_run().results.values())
+    finally:
+        AcceleratorState._reset_state(True)
