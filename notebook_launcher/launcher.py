@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from typing import Any
 
@@ -15,6 +16,8 @@ from .failure import (LaunchTimeoutError, RankFailedError, RankFailure, failure_
 from .supervisor import Supervisor
 
 _MAX_EVENTS_IN_MEMORY = 200_000
+_PORT_RETRIES = 2  # another program may grab the free port between our check and rank 0's bind
+_ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 _last_run: "Run | None" = None
 
 
@@ -173,8 +176,10 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
 
-    for attempt in range(plan.max_restarts + 1):
-        run.attempts = attempt + 1
+    restarts = 0
+    port_retries = 0
+    while True:
+        run.attempts += 1
         first_event = len(run.events)
         supervisor = Supervisor(plan, on_event, payload_path)
         run.status = "running"
@@ -195,16 +200,21 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             return run.result(0)
         cause = root_cause(failures)
         run.failures, run.root_cause = failures, cause
-        if attempt < plan.max_restarts:
-            if plan.num_nodes == 1:
-                port, _ = planning.choose_port(plan.master_addr, plan.master_port)
-                plan = dataclasses.replace(plan, master_port=port)
-            on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
-                "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all "
-                        f"ranks ({attempt + 1} of max_restarts={plan.max_restarts})"}))
-            continue
-        run.status = "failed"
-        raise RankFailedError(failure_message(cause, failures, events, ranks, run.run_dir), cause, failures, run)
+        port_taken = plan.num_nodes == 1 and _ADDRESS_IN_USE.search(cause.message) is not None
+        if port_taken and port_retries < _PORT_RETRIES:
+            port_retries += 1
+            note = f"port {plan.master_port} was taken before rank 0 could listen on it; retrying on another"
+        elif restarts < plan.max_restarts:
+            restarts += 1
+            note = (f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
+                    f"({restarts} of max_restarts={plan.max_restarts})")
+        else:
+            run.status = "failed"
+            raise RankFailedError(failure_message(cause, failures, events, ranks, run.run_dir), cause, failures,
+                                  run)
+        if plan.num_nodes == 1:
+            plan = dataclasses.replace(plan, master_port=planning.free_port(plan.master_addr))
+        on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={"text": note}))
 
 
 def _run_in_kernel(plan, run: Run):

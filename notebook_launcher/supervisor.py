@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from .events import (EXIT, FAILURE, STATUS, STREAM, Event, FrameDecoder, LineSplitter, WorkerSpec,
@@ -114,7 +115,9 @@ class Supervisor:
     def _fork(self, spec: WorkerSpec, fds_to_close: list[int]) -> int:
         from .worker import run_forked
 
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # child: never returns
             run_forked(spec, self.plan.function, self.plan.args, fds_to_close)
         try:
@@ -174,12 +177,7 @@ class Supervisor:
             wait_s = min(wait_s, max(0.0, deadline - now))
         if self._kill_at is not None:
             wait_s = min(wait_s, max(0.0, self._kill_at - now))
-        for key, _ in self._selector.select(wait_s):
-            worker, channel = key.data
-            if channel == "exit":
-                self._reap(worker)
-            else:
-                self._read(worker, channel, key.fd)
+        self._handle_ready(wait_s)
         self._reap_all_without_pidfd()
         now = time.monotonic()
         if deadline is not None and now >= deadline and self.stop_reason is None:
@@ -193,12 +191,16 @@ class Supervisor:
     def _collect_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and any(worker.alive for worker in self.workers):
-            for key, _ in self._selector.select(max(0.0, end - time.monotonic())):
-                worker, channel = key.data
-                if channel == "exit":
-                    self._reap(worker)
-                else:
-                    self._read(worker, channel, key.fd)
+            self._handle_ready(max(0.0, end - time.monotonic()))
+
+    def _handle_ready(self, wait_s: float) -> None:
+        """One select: read every pipe that has data, reap every worker whose pidfd says it exited."""
+        for key, _ in self._selector.select(wait_s):
+            worker, channel = key.data
+            if channel == "exit":
+                self._reap(worker)
+            elif worker.read_fds.get(channel) == key.fd:  # not already drained and closed by a reap above
+                self._read(worker, channel, key.fd)
 
     def _read(self, worker: WorkerProcess, channel: str, fd: int) -> bool:
         """Read what one pipe has; False when it had nothing (or reached EOF and was closed)."""

@@ -214,3 +214,23 @@ def test_max_restarts_relaunches_all_ranks(tmp_path):
     run = last_run()
     assert run.attempts == 2 and run.status == "finished"
     assert any(e.kind == "launcher" and "restarting all ranks" in e.data["text"] for e in run.events)
+
+
+def test_port_taken_between_check_and_bind_is_retried_on_another(monkeypatch, capsys):
+    """Another program grabs the port after our check: rank 0 cannot listen, the launch moves to a free port."""
+    import socket
+
+    from notebook_launcher import plan as planning
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    monkeypatch.setattr(planning, "choose_port", lambda host, requested: (taken, ""))
+    try:
+        result = notebook_launcher(sum_of_ranks, args=(1,), num_processes=2, device="cpu")
+    finally:
+        squatter.close()
+    assert result["total"] == 3.0
+    assert f"port {taken} was taken before rank 0 could listen on it" in capsys.readouterr().out
+    assert last_run().attempts == 2
