@@ -84,11 +84,17 @@ class Supervisor:
                 parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
             )
             own_read_ends = [read for read, _ in pipes.values()]
-            if self.plan.start_method == "fork":
-                worker.pid = self._fork(spec, kernel_fds + own_read_ends)
-            else:
-                worker.popen = self._spawn(spec)
-                worker.pid = worker.popen.pid
+            try:
+                if self.plan.start_method == "fork":
+                    worker.pid = self._fork(spec, kernel_fds + own_read_ends)
+                else:
+                    worker.popen = self._spawn(spec)
+                    worker.pid = worker.popen.pid
+            except BaseException:  # the workers already started are stopped by close()
+                for read, write in pipes.values():
+                    os.close(read)
+                    os.close(write)
+                raise
             for name, (read, write) in pipes.items():
                 os.close(write)
                 os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
