@@ -6,6 +6,7 @@
 
 from .failure import LaunchTimeoutError, RankFailedError
 from .launcher import Run, last_run, notebook_launcher
+from .logging import get_logger
 from .plan import LaunchArgumentError
 
 __version__ = "0.1.0"
@@ -15,6 +16,7 @@ __all__ = [
     "LaunchTimeoutError",
     "RankFailedError",
     "Run",
+    "get_logger",
     "last_run",
     "notebook_launcher",
 ]

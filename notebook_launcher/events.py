@@ -19,6 +19,10 @@ Kinds of events
 ``failure``  data: ``{"type", "message", "traceback", "exit_code"}``: the exception that ended the worker
 ``exit``     data: ``{"exit_code": int | None, "signal": int | None}`` (made by the kernel when it reaps the worker)
 ``launcher`` data: ``{"text": ...}``: a note from the launcher itself (restarts, teardown)
+``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
+             "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
+             ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
+             ``{"in_order": n, "skipped": True}`` says the rank's level filtered its record of call n out
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ RESULT = "result"
 FAILURE = "failure"
 EXIT = "exit"
 LAUNCHER = "launcher"
-KINDS = (STATUS, STREAM, RESULT, FAILURE, EXIT, LAUNCHER)
+LOG = "log"
+KINDS = (STATUS, STREAM, RESULT, FAILURE, EXIT, LAUNCHER, LOG)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 from . import plan as planning
 from .display import TextDisplay
 from .events import EXIT, LAUNCHER, RESULT, Event, RunLog
+from .ordering import InOrderRelease
 from .failure import (LaunchTimeoutError, RankFailedError, RankFailure, failure_message, rank_failures,
                       root_cause, timeout_message)
 from .supervisor import Supervisor
@@ -168,7 +169,7 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         else:
             run.events_dropped += 1
         log.write(event)
-        display.show(event)
+        in_order.push(event)  # the attempt's InOrderRelease, made below
         if event.kind == RESULT:
             import cloudpickle
 
@@ -181,13 +182,15 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
     while True:
         run.attempts += 1
         first_event = len(run.events)
-        supervisor = Supervisor(plan, on_event, payload_path)
+        in_order = InOrderRelease([plan.global_rank(local) for local in range(plan.num_processes)], display.show)
+        supervisor = Supervisor(plan, on_event, payload_path, on_tick=in_order.release)
         run.status = "running"
         try:
             supervisor.start()
             supervisor.wait(plan.timeout)
         finally:
             supervisor.close()
+            in_order.release(everything=True)
         events = run.events[first_event:]
         ranks = [worker.rank for worker in supervisor.workers]
         if supervisor.stop_reason == "timeout":

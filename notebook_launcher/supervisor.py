@@ -52,12 +52,14 @@ class WorkerProcess:
 class Supervisor:
     """Starts, watches and stops the workers of one launch attempt.
 
-    ``on_event`` receives every event (worker records, output lines, exits) in the order read.
+    ``on_event`` receives every event (worker records, output lines, exits) in the order read; ``on_tick`` is
+    called after every wait of at most ``monitor_interval`` (for work that depends on time passing).
     """
 
-    def __init__(self, plan, on_event, spawn_payload_path: str = ""):
+    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None):
         self.plan = plan
         self.on_event = on_event
+        self.on_tick = on_tick or (lambda: None)
         self.spawn_payload_path = spawn_payload_path
         self.workers: list[WorkerProcess] = []
         self.stop_reason: str | None = None  # "failure" | "timeout" | "interrupted"
@@ -185,6 +187,7 @@ class Supervisor:
             wait_s = min(wait_s, max(0.0, self._kill_at - now))
         self._handle_ready(wait_s)
         self._reap_all_without_pidfd()
+        self.on_tick()
         now = time.monotonic()
         if deadline is not None and now >= deadline and self.stop_reason is None:
             self.request_stack_dumps()

@@ -24,10 +24,10 @@ import pickle
 import signal
 import sys
 import traceback
-import warnings
 from datetime import timedelta
 
 from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec, write_all
+from .logging import install_event_logging
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
 _PR_SET_PDEATHSIG = 1
@@ -130,8 +130,10 @@ def _load_payload(path: str):
 
 def _run(spec: WorkerSpec, load_function) -> int:
     _die_with_parent(spec.parent_pid)
-    _capture_streams(spec)
+    kernel_streams = _capture_streams(spec)
     events = EventWriter(spec.events_fd, spec.rank)
+    install_event_logging(events, kernel_streams)
+    _retarget_logging_handlers(kernel_streams)
     events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
     os.environ.update(spec.env)
     process_group_up = False
@@ -222,7 +224,8 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(75)
 
 
-def _capture_streams(spec: WorkerSpec) -> None:
+def _capture_streams(spec: WorkerSpec) -> tuple:
+    """Point fd 1/2 and sys.stdout/sys.stderr at the rank's pipes; returns the kernel's stream objects."""
     previous = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # a worker asking for input() must not block on the kernel's stdin
@@ -233,15 +236,10 @@ def _capture_streams(spec: WorkerSpec) -> None:
             os.close(source)
     sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>")
     sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>")
-    _retarget_logging_handlers(previous)
-    warnings.showwarning = _show_warning  # whatever the kernel did with warnings (recording them), show them
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+    return previous
 
 
 def _retarget_logging_handlers(previous_streams) -> None:

@@ -142,7 +142,7 @@ def test_log_line_prefix_template_is_honoured(capsys):
     assert "default-0> hello" in out and "default-1> hello" in out
 
 
-def test_stderr_and_warnings_arrive_as_stderr_lines():
+def test_stderr_lines_and_warnings_arrive(capsys):
     def warn():
         import sys
         import warnings
@@ -151,9 +151,12 @@ def test_stderr_and_warnings_arrive_as_stderr_lines():
         print("to stderr", file=sys.stderr)
 
     notebook_launcher(warn, num_processes=2, device="cpu")
-    stderr = last_run().output(rank=1, stream="stderr")
-    assert "to stderr" in stderr
-    assert any("UserWarning: careful now" in line for line in stderr)
+    assert "to stderr" in last_run().output(rank=1, stream="stderr")
+    warning_records = [e.data for e in last_run().events if e.kind == "log" and e.rank == 1]
+    assert warning_records[0]["logger"] == "py.warnings" and "UserWarning: careful now" in warning_records[0]["message"]
+    captured = capsys.readouterr()
+    assert "[rank 1] to stderr" in captured.err
+    assert "[rank 1] WARNING py.warnings: " in captured.out and "UserWarning: careful now" in captured.out
 
 
 def test_run_log_on_disk_is_private_and_complete(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import EXIT, FAILURE, LAUNCHER, STREAM, Event
+from ..events import EXIT, FAILURE, LAUNCHER, LOG, STREAM, Event
 
 
 class TextDisplay:
@@ -19,6 +19,7 @@ class TextDisplay:
         self._node_rank = node_rank
         self._num_processes = num_processes
         self._prefixes: dict[int, str] = {}
+        self._last_stream = "stdout"
 
     def prefix(self, rank: int) -> str:
         """torch elastic's template variables: ${rank}, ${local_rank}, ${role_name}; plus ${node_rank}."""
@@ -29,16 +30,31 @@ class TextDisplay:
         return self._prefixes[rank]
 
     def show(self, event: Event) -> None:
+        prefix = self.prefix(event.rank)
         if event.kind == STREAM:
-            out = sys.stderr if event.data.get("stream") == "stderr" else sys.stdout
-            out.write(f"{self.prefix(event.rank)}{event.data['text']}\n")
+            self._write(event.data.get("stream", "stdout"), f"{prefix}{event.data['text']}\n")
+        elif event.kind == LOG and "message" in event.data:
+            data = event.data
+            text = f"{data.get('level')} {data.get('logger')}: {data['message']}".rstrip("\n")
+            lines = text.splitlines()
+            for extra in (data.get("exc_text"), data.get("stack")):
+                if extra:
+                    lines += extra.splitlines()
+            self._write("stdout", "".join(f"{prefix}{line}\n" for line in lines))
         elif event.kind == FAILURE:
-            sys.stderr.write(f"{self.prefix(event.rank)}failed: {event.data.get('type')}: "
-                             f"{str(event.data.get('message', '')).splitlines()[0] if event.data.get('message') else ''}\n")
+            first_line = str(event.data.get("message", "")).split("\n", 1)[0]
+            self._write("stderr", f"{prefix}failed: {event.data.get('type')}: {first_line}\n")
         elif event.kind == EXIT and event.data.get("signal_name") and not event.data.get("stopped_by_launcher"):
-            sys.stderr.write(f"{self.prefix(event.rank)}killed by {event.data['signal_name']}\n")
+            self._write("stderr", f"{prefix}killed by {event.data['signal_name']}\n")
         elif event.kind == LAUNCHER:
-            sys.stdout.write(f"notebook_launcher: {event.data.get('text', '')}\n")
+            self._write("stdout", f"notebook_launcher: {event.data.get('text', '')}\n")
+
+    def _write(self, stream: str, text: str) -> None:
+        """Write to the kernel's stdout or stderr, flushing the other one first so the two keep their order."""
+        if stream != self._last_stream:
+            (sys.stderr if self._last_stream == "stderr" else sys.stdout).flush()
+            self._last_stream = stream
+        (sys.stderr if stream == "stderr" else sys.stdout).write(text)
 
     @staticmethod
     def note(text: str) -> None:

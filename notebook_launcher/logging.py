@@ -1,0 +1,135 @@
+"""Rank-aware logging: ``get_logger`` with ``main_process_only`` and ``in_order``, as in Accelerate.
+
+Inside a launched worker every record travels to the kernel as a structured ``log`` event (rank, level, logger,
+message, the caller's file:line and function, exception text) and shows in the cell as
+``[rank 1] DEBUG mymodule: message``. ``in_order=True`` records are put in rank order by the kernel: the workers
+never wait on each other (no barrier, so ranks with different levels cannot deadlock). Outside a launch (in the
+kernel, in a script, under torchrun) the adapter logs through the standard handlers, with the rank taken from
+the environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+
+from .events import LOG, EventWriter
+
+_channel: EventWriter | None = None
+_in_order_calls = 0
+_in_order_lock = threading.Lock()
+
+
+class MultiProcessAdapter(logging.LoggerAdapter):
+    """A logger for the rank it runs on. Every logging method takes two more keywords:
+
+    - ``main_process_only`` (default True): log only on the global main process (rank 0);
+    - ``in_order`` (default False): with ``main_process_only=False``, the records of this call show rank 0,
+      rank 1, ... in that order, every time.
+
+    ``local_main_process_only=True`` logs once per node (local rank 0) instead.
+    """
+
+    def log(self, level, msg, *args, main_process_only=True, in_order=False, local_main_process_only=False,
+            stacklevel=1, **kwargs):
+        if isinstance(level, str):
+            level = logging.getLevelName(level.upper())
+        if local_main_process_only and _env_int("LOCAL_RANK") != 0:
+            return
+        if main_process_only and not local_main_process_only and _env_int("RANK") != 0:
+            return
+        order = _next_in_order_id() if in_order and not main_process_only else None
+        if not self.logger.isEnabledFor(level):
+            if order is not None and _channel is not None:
+                _channel.emit(LOG, {"in_order": order, "skipped": True})  # the kernel need not wait for us
+            return
+        extra = kwargs.pop("extra", None)
+        msg, kwargs = self.process(msg, kwargs)
+        if extra or order is not None:
+            kwargs["extra"] = {**(kwargs.get("extra") or {}), **(extra or {}), "nl_in_order": order}
+        self.logger.log(level, msg, *args, stacklevel=stacklevel + 1, **kwargs)
+
+    @functools.lru_cache(None)  # noqa: B019 - once per distinct message, for the life of the process
+    def warning_once(self, *args, **kwargs):
+        """``warning`` that emits a given message only once (per process), like Accelerate's."""
+        self.log(logging.WARNING, *args, stacklevel=2, **kwargs)
+
+
+def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAdapter:
+    """A rank-aware logger (``logging.LoggerAdapter``) for ``name``.
+
+    The level is ``log_level``, else the environment variable ``ACCELERATE_LOG_LEVEL`` (read now, so setting it
+    in the notebook before a launch works), else logging's default. Only this logger's level is set: the root
+    logger and other libraries' loggers are left alone. ``logger.setLevel(...)`` works as usual.
+
+    Example::
+
+        logger = get_logger(__name__, log_level="DEBUG")
+        logger.info("on the main process only")
+        logger.debug("every rank", main_process_only=False)
+        logger.debug("every rank, rank 0 first", main_process_only=False, in_order=True)
+    """
+    if log_level is None:
+        log_level = os.environ.get("ACCELERATE_LOG_LEVEL") or None
+    logger = logging.getLogger(name)
+    if log_level is not None:
+        logger.setLevel(log_level.upper() if isinstance(log_level, str) else log_level)
+    return MultiProcessAdapter(logger, {})
+
+
+class EventLogHandler(logging.Handler):
+    """Worker side: each record becomes one ``log`` event on the rank's channel (one write, no thread)."""
+
+    def __init__(self, channel: EventWriter):
+        super().__init__()
+        self.channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            exc_text = None
+            if record.exc_info:
+                exc_text = logging.Formatter().formatException(record.exc_info)
+            elif record.exc_text:
+                exc_text = record.exc_text
+            self.channel.emit(LOG, {
+                "level": record.levelname, "levelno": record.levelno, "logger": record.name,
+                "message": record.getMessage(), "file": record.pathname, "line": record.lineno,
+                "function": record.funcName, "created": record.created, "exc_text": exc_text,
+                "stack": record.stack_info, "in_order": getattr(record, "nl_in_order", None),
+            })
+        except Exception:  # noqa: BLE001 - logging must never take the training down
+            self.handleError(record)
+
+
+def install_event_logging(channel: EventWriter, kernel_streams) -> None:
+    """In a worker: send every record (and ``warnings.warn``) to the kernel as events.
+
+    Handlers the notebook attached to the root logger that wrote to the kernel's own stdout/stderr are replaced
+    by the event handler (they would print each record a second time).
+    """
+    global _channel, _in_order_calls
+    _channel = channel
+    _in_order_calls = 0  # a forked worker inherits the kernel's count; every rank starts from the same place
+    root = logging.getLogger()
+    stream_ids = {id(stream) for stream in kernel_streams}
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in stream_ids:
+            root.removeHandler(handler)
+    root.addHandler(EventLogHandler(channel))
+    logging.captureWarnings(True)
+
+
+def _next_in_order_id() -> int:
+    global _in_order_calls
+    with _in_order_lock:
+        _in_order_calls += 1
+        return _in_order_calls
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ.get(name, "0"))
+    except ValueError:
+        return 0
