@@ -2,8 +2,8 @@
 
 Workers never wait for each other: each rank numbers its own in_order calls (1, 2, 3, ...) and the kernel holds
 the records of call *n* until every rank has either sent its record of call *n*, said that its level filtered
-it out, moved past it, or exited. A rank that stops making in_order progress (stuck, or its code took another
-path) holds the others back for at most ``stall_bound_s``. While a rank has held records, its later events are
+it out, moved past it, or exited. A running rank that stops making in_order progress (stuck, or its code took
+another path) holds the others back for at most ``stall_bound_s``; a rank still starting up is waited for. While a rank has held records, its later events are
 held behind them, so each rank's own order is kept too.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .events import EXIT, LOG, Event
+from .events import EXIT, LOG, STATUS, Event
 
 STALL_BOUND_S = 1.0
 
@@ -28,7 +28,7 @@ class InOrderRelease:
         self._bound = stall_bound_s
         self._queues: dict[int, deque] = {rank: deque() for rank in self._ranks}
         self._progress: dict[int, int] = {rank: 0 for rank in self._ranks}  # highest in_order id reported
-        self._progress_at: dict[int, float] = {rank: time.monotonic() for rank in self._ranks}
+        self._progress_at: dict[int, float] = {}  # set when the rank starts running its function
         self._gone: set[int] = set()
         self._first_seen: dict[int, float] = {}  # in_order id -> when its first record arrived
 
@@ -41,6 +41,8 @@ class InOrderRelease:
             if event.data.get("skipped"):
                 self.release()
                 return
+        if event.kind == STATUS and event.data.get("state") == "running":
+            self._progress_at.setdefault(event.rank, time.monotonic())
         if event.kind == EXIT:
             self._gone.add(event.rank)
         queue = self._queues.setdefault(event.rank, deque())
@@ -73,6 +75,8 @@ class InOrderRelease:
         for rank in self._ranks:
             if rank in self._gone or self._progress[rank] >= group:
                 continue
+            if rank not in self._progress_at:  # still starting (imports, process group): it will come
+                return False
             if now - max(self._progress_at[rank], self._first_seen.get(group, now)) < self._bound:
                 return False
         self._first_seen.pop(group, None)

@@ -63,6 +63,21 @@ def cell_header(cell, index: int, total: int) -> str:
     return f"--- cell {index + 1}/{total} " + "-" * 60 + "\n" + "".join(f">>> {line}\n" for line in shown)
 
 
+def _this_interpreter_kernel_manager():
+    """An AsyncKernelManager whose ``python3`` is always ipykernel on this interpreter (``sys.executable``), even
+    when a user-level ``python3`` kernelspec points at another environment."""
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+    from traitlets import default
+
+    class ThisInterpreterKernelManager(AsyncKernelManager):
+        @default("kernel_spec_manager")
+        def _kernel_spec_manager_default(self):
+            return KernelSpecManager(kernel_dirs=[])  # only the native kernel, made from this interpreter
+
+    return ThisInterpreterKernelManager
+
+
 def run_notebook(path: str, timeout: int = 600, kernel_name: str = "python3", out=sys.stdout) -> int:
     """Execute ``path``, save ``<name>.executed.ipynb`` next to it, return a process exit status."""
     import nbformat
@@ -96,6 +111,8 @@ def run_notebook(path: str, timeout: int = 600, kernel_name: str = "python3", ou
         on_cell_start=on_cell_start,
         on_cell_executed=on_cell_executed,
     )
+    if kernel_name == "python3":
+        client.kernel_manager_class = _this_interpreter_kernel_manager()
     target = executed_path(path)
     begin = time.monotonic()
     status = 0

@@ -2,14 +2,8 @@
 
 import os
 
-import pytest
 
 from notebook_launcher import last_run, notebook_launcher
-
-
-@pytest.fixture(autouse=True)
-def private_runs_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOTEBOOK_LAUNCHER_RUNS_DIR", str(tmp_path / "runs"))
 
 
 def with_accelerator():

@@ -15,8 +15,7 @@ def noop():
 
 
 @pytest.fixture(autouse=True)
-def no_process_may_start(monkeypatch, tmp_path):
-    monkeypatch.setenv("NOTEBOOK_LAUNCHER_RUNS_DIR", str(tmp_path / "runs"))
+def no_process_may_start():
     yield
     assert psutil.Process().children(recursive=True) == []
 

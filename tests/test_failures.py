@@ -15,11 +15,6 @@ import torch
 from notebook_launcher import LaunchTimeoutError, RankFailedError, last_run, notebook_launcher
 
 
-@pytest.fixture(autouse=True)
-def private_runs_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOTEBOOK_LAUNCHER_RUNS_DIR", str(tmp_path / "runs"))
-
-
 def assert_all_workers_gone():
     run = last_run()
     pids = [e.data["pid"] for e in run.events if e.kind == "status" and "pid" in e.data]

@@ -11,11 +11,6 @@ from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.events import read_run_log
 
 
-@pytest.fixture(autouse=True)
-def private_runs_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOTEBOOK_LAUNCHER_RUNS_DIR", str(tmp_path / "runs"))
-
-
 def sum_of_ranks(scale):
     import torch.distributed as dist
 

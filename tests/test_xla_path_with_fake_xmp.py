@@ -22,8 +22,7 @@ class FakeXmp(types.ModuleType):
 
 
 @pytest.fixture
-def fake_xmp(monkeypatch, tmp_path):
-    monkeypatch.setenv("NOTEBOOK_LAUNCHER_RUNS_DIR", str(tmp_path / "runs"))
+def fake_xmp(monkeypatch):
     xmp = FakeXmp()
     torch_xla = types.ModuleType("torch_xla")
     distributed = types.ModuleType("torch_xla.distributed")

@@ -1,0 +1,366 @@
+"""notebook_launcher inside real Jupyter kernels (ipykernel, started by nbclient / jupyter_client).
+
+- a launched function's lines reach the launching cell, prefixed by rank, and its return value is displayed;
+- a kernel interrupt stops every worker (none left, not even a zombie), raises KeyboardInterrupt in the cell and
+  leaves the kernel usable for the next launch;
+- scripts/run_notebook.py (``make demo``) runs the quickstart notebook end to end.
+
+Every kernel is shut down in a ``finally``, bounded in time, and the test checks its PIDs are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import nbformat
+import psutil
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+KERNEL_NAME = "python3"
+KERNEL_START_S = 60
+SHUTDOWN_S = 15
+GONE_WITHIN_S = 10
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(REPO_ROOT, "notebooks", "quickstart.ipynb")
+RUN_NOTEBOOK = os.path.join(REPO_ROOT, "scripts", "run_notebook.py")
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    """No process with this PID at all: not running, and not a zombie waiting to be reaped either."""
+    return not os.path.exists(f"/proc/{pid}") and not psutil.pid_exists(pid)
+
+
+def _wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def _kill_leftovers(processes) -> None:
+    """Last resort for a failed test: SIGKILL what is still ours (psutil checks the PID was not reused)."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(list(processes), timeout=5)
+
+
+@contextlib.contextmanager
+def running_kernel(cwd, env=None):
+    """A python3 ipykernel (this interpreter) with its client; shut down and checked gone on exit."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name=KERNEL_NAME)
+    km.start_kernel(cwd=str(cwd), env=dict(os.environ if env is None else env))
+    kernel = psutil.Process(km.provisioner.process.pid)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=KERNEL_START_S)
+        yield km, kc, kernel
+    finally:
+        descendants = []
+        with contextlib.suppress(psutil.Error):
+            descendants = kernel.children(recursive=True)
+        kc.stop_channels()
+        try:
+            km.shutdown_kernel(now=True)
+        finally:
+            _, alive = psutil.wait_procs([kernel], timeout=SHUTDOWN_S)
+            _kill_leftovers(alive + descendants)
+        assert not kernel.is_running(), "the kernel outlived its shutdown"
+
+
+def _shell_reply(kc, msg_id: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no execute reply within {timeout} s")
+        try:
+            msg = kc.get_shell_msg(timeout=remaining)
+        except queue.Empty:
+            raise TimeoutError(f"no execute reply within {timeout} s") from None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+def _iopub_outputs(kc, msg_id: str, timeout: float) -> list[dict]:
+    """The output messages of one execution, up to the kernel going idle after it."""
+    outputs = []
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"the kernel did not go idle within {timeout} s")
+        try:
+            msg = kc.get_iopub_msg(timeout=remaining)
+        except queue.Empty:
+            raise TimeoutError(f"the kernel did not go idle within {timeout} s") from None
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return outputs
+        if msg["msg_type"] in ("stream", "execute_result", "display_data", "error"):
+            outputs.append(msg)
+
+
+def run_cell(kc, code: str, timeout: float = 60) -> tuple[dict, list[dict]]:
+    msg_id = kc.execute(code)
+    reply = _shell_reply(kc, msg_id, timeout)
+    return reply, _iopub_outputs(kc, msg_id, timeout)
+
+
+def _stream(outputs: list[dict], name: str = "stdout") -> str:
+    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
+def _result(outputs: list[dict]) -> str | None:
+    for msg in outputs:
+        if msg["msg_type"] == "execute_result":
+            return msg["content"]["data"].get("text/plain")
+    return None
+
+
+def _assert_ok(reply: dict, outputs: list[dict]) -> None:
+    content = reply["content"]
+    assert content["status"] == "ok", (
+        f"{content.get('ename')}: {content.get('evalue')}\n" + "\n".join(content.get("traceback", []))
+        + "\n" + _stream(outputs) + _stream(outputs, "stderr"))
+
+
+# -- (a) output of a launch, in a notebook executed by nbclient ----------------------------------------------------
+HELLO_CELL = '''\
+import sys
+from notebook_launcher import notebook_launcher
+
+def hello(n):
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    for i in range(n):
+        print(f"line {i} of rank {rank}")
+    print(f"a warning from rank {rank}", file=sys.stderr)
+    return {"rank": rank, "world_size": dist.get_world_size(), "lines": n}
+
+notebook_launcher(hello, args=(5,), num_processes=2, start_method=START_METHOD)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_method", ["auto", "spawn"])
+def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_dir, start_method):
+    from nbclient import NotebookClient
+
+    notebook = new_notebook(cells=[new_code_cell(f"START_METHOD = {start_method!r}"), new_code_cell(HELLO_CELL)],
+                            metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3",
+                                                     "language": "python"}})
+    client = NotebookClient(notebook, timeout=60, kernel_name=KERNEL_NAME,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute()
+    except Exception as error:  # show what the cell printed before it failed or hung
+        pytest.fail(f"{type(error).__name__}: {error}\noutputs so far: {notebook.cells[1].get('outputs')}")
+
+    outputs = notebook.cells[1].outputs
+    stdout = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
+    stderr = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stderr")
+    lines = stdout.splitlines()
+    assert lines[0].startswith("notebook_launcher: 2 processes on cpu (gloo), start method "), stdout
+    for line in lines[1:]:  # whole lines, never two ranks glued together, each with its own rank's prefix
+        match = re.fullmatch(r"\[rank (\d)\] line \d of rank (\d)", line)
+        assert match and match.group(1) == match.group(2), f"unexpected line {line!r} in:\n{stdout}"
+    for rank in (0, 1):
+        assert [line for line in lines if line.startswith(f"[rank {rank}] ")] == [
+            f"[rank {rank}] line {i} of rank {rank}" for i in range(5)], stdout
+        assert f"[rank {rank}] a warning from rank {rank}\n" in stderr, stderr
+
+    results = [o for o in outputs if o.output_type == "execute_result"]
+    assert len(results) == 1, outputs
+    assert results[0].data["text/plain"] == "{'rank': 0, 'world_size': 2, 'lines': 5}"
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert runs_dir.is_dir() and any(runs_dir.iterdir()), "the kernel did not write its run log where it was told"
+
+
+# -- (b) interrupting the kernel while workers are running ---------------------------------------------------------
+STUCK_CELL = '''\
+import os, time
+import torch
+import torch.distributed as dist
+from notebook_launcher import last_run, notebook_launcher
+
+def stuck(pid_dir, how):
+    rank = dist.get_rank()
+    print(f"rank {rank} started as pid {os.getpid()}", flush=True)
+    path = os.path.join(pid_dir, f"rank{rank}.pid")
+    with open(path + ".tmp", "w") as out:
+        out.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    if how == "all_reduce" and rank == 0:
+        dist.all_reduce(torch.ones(1))  # blocks inside gloo: rank 1 never joins
+    while True:
+        time.sleep(0.05)
+
+notebook_launcher(stuck, args=(PID_DIR, HOW), num_processes=2, start_method=START_METHOD)
+'''
+
+AGAIN_CELL = '''\
+def again(x):
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([x * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"sum is {t.item()}")
+    return t.item()
+
+notebook_launcher(again, args=(7.0,), num_processes=2)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how,start_method", [
+    ("sleep", "fork"),
+    ("all_reduce", "fork"),
+    ("sleep", "spawn"),
+])
+def test_interrupt_stops_every_worker_and_the_kernel_stays_usable(tmp_path, runs_dir, how, start_method):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir)}
+    workers: list[psutil.Process] = []
+    with running_kernel(tmp_path, env) as (km, kc, kernel):
+        try:
+            _assert_ok(*run_cell(kc, f"PID_DIR = {str(pid_dir)!r}; HOW = {how!r}; START_METHOD = {start_method!r}"))
+            msg_id = kc.execute(STUCK_CELL)
+            pid_files = [pid_dir / f"rank{rank}.pid" for rank in (0, 1)]
+            if not _wait_until(lambda: all(path.exists() for path in pid_files), timeout=60):
+                early_reply = None
+                with contextlib.suppress(TimeoutError):
+                    early_reply = _shell_reply(kc, msg_id, timeout=1)["content"]
+                pytest.fail(f"the workers never started; kernel alive: {km.is_alive()}; reply: {early_reply}")
+            pids = [int(path.read_text()) for path in pid_files]
+            workers = [psutil.Process(pid) for pid in pids]
+            assert set(pids) <= {child.pid for child in kernel.children(recursive=True)}
+            time.sleep(0.2)  # rank 0 is in all_reduce by now in that variant (or sleeping): interrupt mid-run
+
+            km.interrupt_kernel()
+            reply = _shell_reply(kc, msg_id, timeout=30)
+            outputs = _iopub_outputs(kc, msg_id, timeout=30)
+            assert reply["content"]["status"] == "error", reply["content"]
+            assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+            stdout = _stream(outputs)
+            for rank, pid in enumerate(pids):
+                assert f"[rank {rank}] rank {rank} started as pid {pid}\n" in stdout, stdout
+
+            still_there = lambda: [pid for pid in pids if not _gone(pid)]  # noqa: E731
+            assert _wait_until(lambda: not still_there(), timeout=GONE_WITHIN_S), (
+                f"workers still exist {GONE_WITHIN_S} s after the interrupt: "
+                + ", ".join(f"{pid} ({_status(pid)})" for pid in still_there()))
+            assert km.is_alive()
+            assert kernel.children(recursive=True) == [], "the kernel has leftover child processes"
+
+            reply, outputs = run_cell(kc, "print(last_run().status)")
+            _assert_ok(reply, outputs)
+            assert _stream(outputs) == "interrupted\n"
+
+            reply, outputs = run_cell(kc, AGAIN_CELL)
+            _assert_ok(reply, outputs)
+            assert _result(outputs) == "21.0", outputs
+            assert "[rank 0] sum is 21.0\n" in _stream(outputs) and "[rank 1] sum is 21.0\n" in _stream(outputs)
+            assert kernel.children(recursive=True) == [], "the second launch left child processes"
+        finally:
+            _kill_leftovers(workers)
+
+
+def _status(pid: int) -> str:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error as error:
+        return type(error).__name__
+
+
+# -- (c) scripts/run_notebook.py, what `make demo` runs ------------------------------------------------------------
+def _run_script(args: list[str], cwd, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run a Python script; if it overruns, kill it and everything it started (its kernel), by PID."""
+    process = subprocess.Popen([sys.executable, *args], cwd=str(cwd), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = []
+        with contextlib.suppress(psutil.Error):
+            tree = psutil.Process(process.pid).children(recursive=True)
+        process.kill()
+        _kill_leftovers(tree)
+        stdout, stderr = process.communicate(timeout=10)
+        pytest.fail(f"{args} ran for more than {timeout} s:\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _output_text(output) -> str:
+    """The text an output carries: a stream's text, or a display's text/plain (what a file reader sees)."""
+    if output.output_type == "stream":
+        return output.text
+    return output.get("data", {}).get("text/plain", "")
+
+
+@pytest.mark.slow
+def test_run_notebook_script_runs_the_quickstart(tmp_path):
+    notebook_path = tmp_path / "quickstart.ipynb"
+    shutil.copy(QUICKSTART, notebook_path)
+
+    done = _run_script([RUN_NOTEBOOK, str(notebook_path)], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "held-out accuracy" in done.stdout
+    executed_path = tmp_path / "quickstart.executed.ipynb"
+    assert executed_path.exists()
+
+    executed = nbformat.read(str(executed_path), as_version=4)
+    assert all(not [o for o in cell.outputs if o.output_type == "error"]
+               for cell in executed.cells if cell.cell_type == "code")
+    text = "\n".join(_output_text(output) for cell in executed.cells if cell.cell_type == "code"
+                     for output in cell.outputs)
+    progress = re.findall(r"^\[rank (\d)\] epoch (\d+)/(\d+) +loss [\d.]+ +samples seen (\d+)$", text, re.MULTILINE)
+    epochs = {rank: [int(epoch) for r, epoch, _, _ in progress if r == rank] for rank in ("0", "1")}
+    total = int(progress[-1][2]) if progress else 0
+    assert total >= 1 and epochs["0"] == epochs["1"] == list(range(1, total + 1)), text
+    for rank in ("0", "1"):
+        seen = [int(s) for r, _, _, s in progress if r == rank]
+        assert seen == sorted(seen) and seen[0] > 0, text  # samples seen grows every epoch
+
+
+@pytest.mark.slow
+def test_run_notebook_script_fails_on_a_failing_cell_and_still_saves(tmp_path):
+    notebook = new_notebook(cells=[new_code_cell("print('before')"), new_code_cell("raise ValueError('boom')"),
+                                   new_code_cell("print('never')")],
+                            metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3",
+                                                     "language": "python"}})
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(notebook, str(path))
+
+    done = _run_script([RUN_NOTEBOOK, str(path)], cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "before" in done.stdout and "ValueError" in done.stdout and "boom" in done.stdout
+    executed = nbformat.read(str(tmp_path / "broken.executed.ipynb"), as_version=4)
+    assert [o.output_type for o in executed.cells[1].outputs] == ["error"]
+    assert executed.cells[2].outputs == []
+
+
+def test_quickstart_is_committed_with_cleared_outputs():
+    notebook = nbformat.read(QUICKSTART, as_version=4)
+    nbformat.validate(notebook)
+    assert notebook.metadata.kernelspec.name == KERNEL_NAME
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
