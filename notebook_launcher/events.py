@@ -2,10 +2,13 @@
 
 A worker writes small typed records into a pipe of its own; the kernel reads them. Each record is one frame::
 
-    [u32 header length][u32 attachment length][header: UTF-8 JSON][attachment: bytes]
+    [u32 header length][u32 attachment length][header: marshal][attachment: bytes]
 
-The JSON header is the event (rank, per-rank sequence number, monotonic time, kind, data). The optional binary
-attachment carries what JSON cannot: a pickled return value. A frame is written with as few ``os.write`` calls as
+The header is the event (rank, per-rank sequence number, monotonic time, kind, data) as plain Python data
+(dicts, lists, str, int, float, bool, None) in ``marshal`` format: five times cheaper to write than JSON (it
+matters at one record per log call), and unlike pickle it cannot run code when read. Both ends are the same
+interpreter (fork, or spawn with ``sys.executable``). The run log on disk is JSON lines. The optional binary
+attachment carries a pickled return value. A frame is written with as few ``os.write`` calls as
 the kernel's pipe allows, from one buffer, so whatever a worker wrote before it died (even by SIGKILL) is complete
 in the pipe for the kernel to read. A partial frame at EOF (a worker killed in the middle of a large write) is
 reported by the reader, not silently dropped.
@@ -28,6 +31,7 @@ Kinds of events
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import struct
@@ -70,12 +74,9 @@ class Event:
 
 def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"", when: float | None = None) -> bytes:
     """One frame, ready for a single write."""
-    header = json.dumps(
+    header = marshal.dumps(
         {"v": SCHEMA_VERSION, "rank": rank, "seq": seq, "time": time.monotonic() if when is None else when,
-         "kind": kind, "data": data},
-        separators=(",", ":"),
-        default=str,
-    ).encode()
+         "kind": kind, "data": data})
     return _FRAME_HEADER.pack(len(header), len(attachment)) + header + attachment
 
 
@@ -116,7 +117,7 @@ class FrameDecoder:
             end = _FRAME_HEADER.size + header_len + attachment_len
             if len(self._buffer) < end:
                 break
-            header = json.loads(bytes(self._buffer[_FRAME_HEADER.size:_FRAME_HEADER.size + header_len]))
+            header = marshal.loads(bytes(self._buffer[_FRAME_HEADER.size:_FRAME_HEADER.size + header_len]))
             attachment = bytes(self._buffer[_FRAME_HEADER.size + header_len:end])
             del self._buffer[:end]
             frames.append((header, attachment))
@@ -181,6 +182,8 @@ class WorkerSpec:
     parent_pid: int
     cpu_threads: int  # intra-op threads for torch on CPU runs; 0 leaves torch's default
     payload_path: str = ""  # spawn only: the cloudpickled (function, args)
+    store_listen_fd: int = -1  # rank 0 only: the kernel's listening socket for the TCPStore server
+    explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)

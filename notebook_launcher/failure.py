@@ -9,6 +9,7 @@ which is system-wide on Linux), falling back to the earliest failure of any kind
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from .events import EXIT, FAILURE, STATUS, STREAM, Event
@@ -21,6 +22,7 @@ _LOST_PEER = re.compile(
 )
 _CONTEXT_LINES = 30
 _MAX_CRASH_LINES = 120
+_STDERR_KEPT = 2000  # per rank: enough for faulthandler's dump of every thread
 _SIGNAL_HINTS = {
     "SIGKILL": "killed from outside, often by the out-of-memory killer (check `dmesg`)",
     "SIGSEGV": "a segmentation fault, a crash in native code",
@@ -49,30 +51,55 @@ class RankFailure:
         return f"{self.type}: {self.message}" if self.message else self.type
 
 
-def rank_failures(events: list[Event]) -> dict[int, RankFailure]:
-    """One entry per rank that raised, exited without finishing, or was killed (not by the launcher)."""
-    failures: dict[int, RankFailure] = {}
-    stderr: dict[int, list[str]] = {}
-    finished: set[int] = set()
-    for event in events:
-        if event.kind == STATUS and event.data.get("state") == "finished":
-            finished.add(event.rank)
-        elif event.kind == STREAM and event.data.get("stream") == "stderr":
-            stderr.setdefault(event.rank, []).append(event.data["text"])
-        elif event.kind == FAILURE and event.rank not in failures:
+class FailureTracker:
+    """Follows one launch attempt's events as they arrive and keeps just what the error messages need: each
+    rank's state, first failure, exit, last output line and the tail of its stderr (so the analysis does not
+    depend on how many events the run keeps in memory)."""
+
+    def __init__(self):
+        self._failures: dict[int, RankFailure] = {}
+        self._exits: dict[int, dict] = {}
+        self._states: dict[int, str] = {}
+        self._last_line: dict[int, str] = {}
+        self._stderr: dict[int, deque] = {}
+
+    def observe(self, event: Event) -> None:
+        rank = event.rank
+        if event.kind == STATUS:
+            self._states[rank] = event.data.get("state", self._states.get(rank, "starting"))
+        elif event.kind == STREAM:
+            self._last_line[rank] = event.data["text"]
+            if event.data.get("stream") == "stderr":
+                self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).append((event.seq, event.data["text"]))
+        elif event.kind == FAILURE and rank not in self._failures:
             text = f"{event.data.get('message', '')}\n{event.data.get('traceback', '')}"
-            failures[event.rank] = RankFailure(
-                rank=event.rank, time=event.time, type=event.data.get("type", "Exception"),
+            self._failures[rank] = RankFailure(
+                rank=rank, time=event.time, type=event.data.get("type", "Exception"),
                 message=event.data.get("message", ""), traceback=event.data.get("traceback", ""),
                 exit_code=event.data.get("exit_code"), secondary=bool(_LOST_PEER.search(text)))
         elif event.kind == EXIT:
-            if event.rank in failures:
-                failures[event.rank].exit_code = event.data.get("exit_code")
-            elif not event.data.get("stopped_by_launcher") and event.rank not in finished:
-                failures[event.rank] = _exit_failure(event, stderr.get(event.rank, []))
-    for failure in failures.values():
-        failure.last_stderr = _stderr_context(stderr.get(failure.rank, []))
-    return failures
+            self._exits[rank] = event.data
+            if rank in self._failures:
+                self._failures[rank].exit_code = event.data.get("exit_code")
+            elif not event.data.get("stopped_by_launcher") and self._states.get(rank) != "finished":
+                self._failures[rank] = _exit_failure(event)
+
+    def failures(self) -> dict[int, RankFailure]:
+        """One entry per rank that raised, exited without finishing, or was killed (not by the launcher)."""
+        for failure in self._failures.values():
+            failure.last_stderr = _stderr_context([text for _, text in self._stderr.get(failure.rank, ())])
+        return dict(self._failures)
+
+    def last_state(self, rank: int) -> str:
+        """What a rank was doing when the run ended, for the "other ranks" part of an error."""
+        state = self._states.get(rank, "starting")
+        if self._exits.get(rank, {}).get("stopped_by_launcher"):
+            state = f"stopped by the launcher while {state}"
+        line = self._last_line.get(rank)
+        return f"{state}; last output: {line[:200]!r}" if line else state
+
+    def stderr_since(self, rank: int, seq: int) -> list[str]:
+        return [text for line_seq, text in self._stderr.get(rank, ()) if line_seq > seq]
 
 
 def _stderr_context(lines: list[str]) -> list[str]:
@@ -83,7 +110,7 @@ def _stderr_context(lines: list[str]) -> list[str]:
     return lines[-_CONTEXT_LINES:]
 
 
-def _exit_failure(event: Event, stderr: list[str]) -> RankFailure:
+def _exit_failure(event: Event) -> RankFailure:
     signal_name = event.data.get("signal_name")
     code = event.data.get("exit_code")
     if signal_name:
@@ -100,26 +127,6 @@ def root_cause(failures: dict[int, RankFailure]) -> RankFailure | None:
     if not failures:
         return None
     return min(failures.values(), key=lambda f: (f.secondary, f.time, f.rank))
-
-
-def last_state(events: list[Event], rank: int) -> str:
-    """What a rank was doing when the run ended, for the "other ranks" part of an error."""
-    last_line, state, exit_data = "", "starting", None
-    for event in events:
-        if event.rank != rank:
-            continue
-        if event.kind == STREAM:
-            last_line = event.data["text"]
-        elif event.kind == STATUS:
-            state = event.data.get("state", state)
-        elif event.kind == EXIT:
-            exit_data = event.data
-    parts = [state]
-    if exit_data and exit_data.get("stopped_by_launcher"):
-        parts = [f"stopped by the launcher while {state}"]
-    if last_line:
-        parts.append(f"last output: {last_line[:200]!r}")
-    return "; ".join(parts)
 
 
 class RankFailedError(RuntimeError):
@@ -145,8 +152,8 @@ class LaunchTimeoutError(TimeoutError):
         self.run = run
 
 
-def failure_message(cause: RankFailure, failures: dict[int, RankFailure], events: list[Event], ranks: list[int],
-                    run_dir: str) -> str:
+def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracker: FailureTracker,
+                    ranks: list[int], run_dir: str) -> str:
     lines = [f"Rank {cause.rank} failed first: {cause.headline}"]
     if cause.traceback:
         lines += ["", cause.traceback.rstrip()]
@@ -158,7 +165,7 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], events
         for rank in others:
             failure = failures.get(rank)
             if failure is None:
-                lines.append(f"  rank {rank}: {last_state(events, rank)}")
+                lines.append(f"  rank {rank}: {tracker.last_state(rank)}")
             else:
                 note = " (a consequence: it lost its connection to a failed rank)" if failure.secondary else ""
                 lines.append(f"  rank {rank}: {failure.headline.splitlines()[0][:300]}{note}")
@@ -166,16 +173,15 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], events
     return "\n".join(lines)
 
 
-def timeout_message(timeout: float, events: list[Event], ranks: list[int], stack_dump_seq: dict[int, int],
+def timeout_message(timeout: float, tracker: FailureTracker, ranks: list[int], stack_dump_seq: dict[int, int],
                     run_dir: str) -> str:
     lines = [f"The run did not finish within timeout={timeout:g} s, so every rank was stopped."]
     for rank in ranks:
-        lines += ["", f"rank {rank}: {last_state(events, rank)}"]
+        lines += ["", f"rank {rank}: {tracker.last_state(rank)}"]
         since = stack_dump_seq.get(rank)
         if since is None:
             continue
-        dump = [e.data["text"] for e in events if e.rank == rank and e.kind == STREAM and e.seq > since
-                and e.data.get("stream") == "stderr"]
+        dump = tracker.stderr_since(rank, since)
         if dump:
             lines += [f"  Python stacks of rank {rank} at the timeout:"] + [f"    {text}" for text in dump]
     lines += ["", f"Run log: {run_dir}"]

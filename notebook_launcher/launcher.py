@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
 from typing import Any
 
 from . import plan as planning
 from .display import TextDisplay
-from .events import EXIT, LAUNCHER, RESULT, Event, RunLog
+from .events import EXIT, LAUNCHER, LOG, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
-from .failure import (LaunchTimeoutError, RankFailedError, RankFailure, failure_message, rank_failures,
+from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
                       root_cause, timeout_message)
 from .supervisor import Supervisor
 
-_MAX_EVENTS_IN_MEMORY = 200_000
-_PORT_RETRIES = 2  # another program may grab the free port between our check and rank 0's bind
-_ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
+_MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
 _last_run: "Run | None" = None
 
 
@@ -134,8 +131,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         if plan.num_processes == 1 and plan.num_nodes == 1:
             display.note(f"1 process: running {_name(function)} in this kernel on {plan.device}")
             return _run_in_kernel(plan, run)
-        display.note(plan.describe())
         if plan.device == "xla":
+            display.note(plan.describe())
             return _run_xla(plan, run, log)
         return _run_workers(plan, run, log, display, payload)
     except KeyboardInterrupt:
@@ -156,6 +153,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
 
 
 def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: bytes):
+    if plan.start_method == "fork":
+        import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (~1 s each)
     payload_path = ""
     if payload:
         payload_path = log.file("payload.pkl")
@@ -164,12 +163,13 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             out.write(payload)
 
     def on_event(event: Event) -> None:
-        if len(run.events) < _MAX_EVENTS_IN_MEMORY:
+        if event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
             run.events.append(event)
         else:
-            run.events_dropped += 1
+            run.events_dropped += 1  # output lines beyond the cap are in the run log only
         log.write(event)
-        in_order.push(event)  # the attempt's InOrderRelease, made below
+        tracker.observe(event)  # the attempt's FailureTracker and InOrderRelease, made below
+        in_order.push(event)
         if event.kind == RESULT:
             import cloudpickle
 
@@ -178,46 +178,47 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             run.exit_codes[event.rank] = event.data.get("exit_code")
 
     restarts = 0
-    port_retries = 0
     while True:
         run.attempts += 1
-        first_event = len(run.events)
+        reservation = planning.reserve_port(plan.master_addr, plan.master_port) if plan.num_nodes == 1 else None
+        if reservation is not None:
+            plan = dataclasses.replace(plan, master_port=reservation.port, port_note=reservation.note)
+        if run.attempts == 1:
+            display.note(plan.describe())
+        tracker = FailureTracker()
         in_order = InOrderRelease([plan.global_rank(local) for local in range(plan.num_processes)], display.show)
-        supervisor = Supervisor(plan, on_event, payload_path, on_tick=in_order.release)
+        supervisor = Supervisor(plan, on_event, payload_path, on_tick=in_order.release,
+                                store_listen_fd=reservation.fileno() if reservation else -1)
         run.status = "running"
         try:
             supervisor.start()
+            if reservation is not None:
+                reservation.close()  # rank 0 has its own copy of the listening socket now
             supervisor.wait(plan.timeout)
         finally:
+            if reservation is not None:
+                reservation.close()
             supervisor.close()
             in_order.release(everything=True)
-        events = run.events[first_event:]
         ranks = [worker.rank for worker in supervisor.workers]
         if supervisor.stop_reason == "timeout":
             run.status = "timed out"
             raise LaunchTimeoutError(
-                timeout_message(plan.timeout, events, ranks, supervisor.stack_dump_seq, run.run_dir), run)
-        failures = rank_failures(events)
+                timeout_message(plan.timeout, tracker, ranks, supervisor.stack_dump_seq, run.run_dir), run)
+        failures = tracker.failures()
         if not failures:
             run.status = "finished"
             return run.result(0)
         cause = root_cause(failures)
         run.failures, run.root_cause = failures, cause
-        port_taken = plan.num_nodes == 1 and _ADDRESS_IN_USE.search(cause.message) is not None
-        if port_taken and port_retries < _PORT_RETRIES:
-            port_retries += 1
-            note = f"port {plan.master_port} was taken before rank 0 could listen on it; retrying on another"
-        elif restarts < plan.max_restarts:
-            restarts += 1
-            note = (f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
-                    f"({restarts} of max_restarts={plan.max_restarts})")
-        else:
+        if restarts >= plan.max_restarts:
             run.status = "failed"
-            raise RankFailedError(failure_message(cause, failures, events, ranks, run.run_dir), cause, failures,
+            raise RankFailedError(failure_message(cause, failures, tracker, ranks, run.run_dir), cause, failures,
                                   run)
-        if plan.num_nodes == 1:
-            plan = dataclasses.replace(plan, master_port=planning.free_port(plan.master_addr))
-        on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={"text": note}))
+        restarts += 1
+        on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
+            "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
+                    f"({restarts} of max_restarts={plan.max_restarts})"}))
 
 
 def _run_in_kernel(plan, run: Run):

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import threading
+import warnings
 
 from .events import LOG, EventWriter
 
@@ -118,7 +119,15 @@ def install_event_logging(channel: EventWriter, kernel_streams) -> None:
         if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in stream_ids:
             root.removeHandler(handler)
     root.addHandler(EventLogHandler(channel))
-    logging.captureWarnings(True)
+    warnings.showwarning = _warning_to_log
+
+
+def _warning_to_log(message, category, filename, lineno, file=None, line=None):
+    """``warnings.warn`` in a worker: a WARNING record of logger ``py.warnings`` (as logging.captureWarnings
+    makes), but carrying the warning's own file and line rather than those of the warnings module."""
+    logger = logging.getLogger("py.warnings")
+    text = f"{filename}:{lineno}: {category.__name__}: {message}"
+    logger.handle(logger.makeRecord(logger.name, logging.WARNING, filename, lineno, text, None, None))
 
 
 def _next_in_order_id() -> int:

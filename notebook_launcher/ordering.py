@@ -14,7 +14,7 @@ from collections import deque
 
 from .events import EXIT, LOG, STATUS, Event
 
-STALL_BOUND_S = 1.0
+STALL_BOUND_S = 2.0
 
 
 def in_order_id(event: Event) -> int | None:

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHOD_CHOICES = ("auto", "fork", "spawn")
@@ -37,8 +37,7 @@ class LaunchPlan:
     start_method: str
     start_method_reason: str
     master_addr: str
-    master_port: int
-    port_note: str
+    master_port: int  # as requested; the launcher replaces it with the port it reserved
     mixed_precision: str
     timeout: float | None
     max_restarts: int
@@ -48,7 +47,7 @@ class LaunchPlan:
     rdzv_conf: dict
     rdzv_id: str
     cpu_threads: int
-    extra_env: dict = field(default_factory=dict)
+    port_note: str = ""
 
     @property
     def world_size(self) -> int:
@@ -74,7 +73,6 @@ class LaunchPlan:
             env["ACCELERATE_USE_CPU"] = "true"
             if self.cpu_threads and "OMP_NUM_THREADS" not in os.environ:
                 env["OMP_NUM_THREADS"] = str(self.cpu_threads)
-        env.update(self.extra_env)
         return env
 
     def describe(self) -> str:
@@ -142,17 +140,13 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         num_processes = _num_processes(num_processes, device)
     backend = _backend(backend, device)
     start_method, reason = choose_start_method(start_method, device)
-    if num_nodes == 1:
-        master_port, port_note = choose_port(master_addr, requested_port)
-    else:
-        master_port, port_note = requested_port, ""
     cpu_threads = 0
     if device == "cpu":
         cpu_threads = max(1, _cpu_count() // num_processes)
     return LaunchPlan(
         function=function, args=tuple(args), num_processes=num_processes, num_nodes=num_nodes,
         node_rank=node_rank, device=device, backend=backend, start_method=start_method,
-        start_method_reason=reason, master_addr=master_addr, master_port=master_port, port_note=port_note,
+        start_method_reason=reason, master_addr=master_addr, master_port=requested_port,
         mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
@@ -319,31 +313,45 @@ def fork_unsafe_message(why: str) -> str:
     return f"start_method='fork' cannot be used: {why}. Fix: {fix}."
 
 
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore binds
+class PortReservation:
+    """A listening socket the kernel holds for one launch attempt; rank 0's TCPStore serves on it.
+
+    Binding in the kernel, before any worker starts, means no other program (or another notebook's launch) can
+    take the port between our check and rank 0's bind, and peers that connect before rank 0 is ready wait in
+    the listen backlog instead of retrying. The store server itself runs in rank 0, never in the kernel.
+    """
+
+    def __init__(self, host: str, requested: int):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.note = ""
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
-            probe.bind((host, port))
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a just-closed run's port is fine
+            try:
+                self.socket.bind((host, requested))
+            except OSError:
+                self.socket.bind((host, 0))
+                self.note = f"port {requested} is busy, using {self.socket.getsockname()[1]}"
+            self.socket.listen(1024)
         except OSError:
-            return False
-    return True
+            self.socket.close()
+            raise
+        self.port = self.socket.getsockname()[1]
+
+    def fileno(self) -> int:
+        return self.socket.fileno()
+
+    def close(self) -> None:
+        self.socket.close()
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
-def choose_port(host: str, requested: int) -> tuple[int, str]:
-    """The requested port if it is free, else any free one, chosen per launch so a relaunch works at once."""
+def reserve_port(host: str, requested: int) -> PortReservation | None:
+    """The requested port if it is free, else any free one, held until the workers have started; None when
+    ``host`` is not an address of this machine (the port is then the user's business)."""
     try:
-        if port_is_free(host, requested):
-            return requested, ""
-        port = free_port(host)
-    except OSError:  # not a local address: leave the port to the user
-        return requested, ""
-    return port, f"port {requested} is busy, using {port}"
+        return PortReservation(host, requested)
+    except OSError:
+        return None
 
 
 def _torch():

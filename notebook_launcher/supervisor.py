@@ -56,8 +56,9 @@ class Supervisor:
     called after every wait of at most ``monitor_interval`` (for work that depends on time passing).
     """
 
-    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None):
+    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1):
         self.plan = plan
+        self.store_listen_fd = store_listen_fd
         self.on_event = on_event
         self.on_tick = on_tick or (lambda: None)
         self.spawn_payload_path = spawn_payload_path
@@ -84,8 +85,12 @@ class Supervisor:
                 device=self.plan.device, backend=self.plan.backend, env=self.plan.env_for(local_rank),
                 events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
                 parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
+                store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
+                explicit_store=self.store_listen_fd >= 0,
             )
             own_read_ends = [read for read, _ in pipes.values()]
+            if self.store_listen_fd >= 0 and worker.rank != 0:
+                own_read_ends.append(self.store_listen_fd)  # (closed in the child: only rank 0 serves)
             try:
                 if self.plan.start_method == "fork":
                     worker.pid = self._fork(spec, kernel_fds + own_read_ends)
@@ -137,7 +142,7 @@ class Supervisor:
     def _spawn(self, spec: WorkerSpec) -> subprocess.Popen:
         from .worker import SPEC_ENV_VAR
 
-        events_fd = spec.events_fd
+        inherited = (spec.events_fd,) + ((spec.store_listen_fd,) if spec.store_listen_fd >= 0 else ())
         spec_for_child = WorkerSpec(**{**spec.__dict__, "stdout_fd": 1, "stderr_fd": 2})
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
@@ -146,7 +151,7 @@ class Supervisor:
         kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
         return subprocess.Popen(
             [sys.executable, "-c", "from notebook_launcher.worker import main_spawned; main_spawned()"],
-            stdin=subprocess.DEVNULL, stdout=spec.stdout_fd, stderr=spec.stderr_fd, pass_fds=(events_fd,),
+            stdin=subprocess.DEVNULL, stdout=spec.stdout_fd, stderr=spec.stderr_fd, pass_fds=inherited,
             env=env, close_fds=True, **kwargs,
         )
 

@@ -170,6 +170,12 @@ def test_interrupt_stops_every_worker_and_raises_keyboard_interrupt():
     assert_all_workers_gone()
 
 
+def temp_dirs():
+    """Directories in the temp dir (what a launcher would leave, like torch elastic's torchelastic_* dirs)."""
+    root = tempfile.gettempdir()
+    return {name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name))}
+
+
 def test_twenty_launches_leak_no_process_fd_or_temp_dir():
     def tiny():
         import torch.distributed as dist
@@ -183,7 +189,7 @@ def test_twenty_launches_leak_no_process_fd_or_temp_dir():
     me = psutil.Process()
     notebook_launcher(tiny, num_processes=2, device="cpu")  # warm-up: lazy imports open their files once
     fds_before = me.num_fds()
-    temp_before = set(os.listdir(tempfile.gettempdir()))
+    temp_before = temp_dirs()
     handlers_before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD,
                                                         signal.SIGUSR1, signal.SIGHUP)}
     env_before = dict(os.environ)
@@ -195,6 +201,27 @@ def test_twenty_launches_leak_no_process_fd_or_temp_dir():
             assert notebook_launcher(tiny, num_processes=2, device="cpu") == 1
     assert me.children(recursive=True) == []
     assert me.num_fds() == fds_before
-    assert set(os.listdir(tempfile.gettempdir())) - temp_before == set()
+    assert temp_dirs() - temp_before == set()
     assert {s: signal.getsignal(s) for s in handlers_before} == handlers_before
     assert dict(os.environ) == env_before
+
+
+def test_a_failure_after_more_output_than_the_run_keeps_in_memory_is_still_reported(monkeypatch):
+    from notebook_launcher import launcher
+
+    monkeypatch.setattr(launcher, "_MAX_EVENTS_IN_MEMORY", 50)
+
+    def chatty_then_fails():
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            for index in range(300):
+                print(f"line {index}")
+            raise ValueError("after a lot of output")
+        time.sleep(30)
+
+    with pytest.raises(RankFailedError, match="Rank 1 failed first: ValueError: after a lot of output"):
+        notebook_launcher(chatty_then_fails, num_processes=2, device="cpu")
+    run = last_run()
+    assert run.events_dropped > 0 and run.status == "failed"
+    assert any(e.kind == "failure" for e in run.events)  # control events are always kept
