@@ -171,3 +171,20 @@ def test_under_torchrun_the_rank_comes_from_the_environment(tmp_path):
     lines = completed.stdout.splitlines()
     assert lines.count("main only") == 1
     assert lines.count("every rank") == 2
+
+
+def test_local_main_process_only_logs_once_per_node(monkeypatch, caplog):
+    """Rank 2 is local rank 0 of the second node (2 processes per node), as torchrun or a launch would set it."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    logger = get_logger("nodes", log_level="INFO")
+    with caplog.at_level(logging.INFO, logger="nodes"):
+        logger.info("global main only")
+        logger.info("once per node", local_main_process_only=True)
+    assert [r.getMessage() for r in caplog.records] == ["once per node"]
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nodes"):
+        logger.info("once per node", local_main_process_only=True)
+    assert caplog.records == []
