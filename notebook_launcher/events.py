@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import re
 import shutil
 import struct
 import threading
@@ -88,19 +89,50 @@ def write_all(fd: int, payload: bytes) -> None:
         view = view[written:]
 
 
+_PIPE_BUF = 4096  # writes up to this size are atomic on a pipe, whoever else writes to it
+
+
 class EventWriter:
-    """The worker's end of its event pipe. One lock-protected write per event; no thread, no round trip."""
+    """The worker's end of its event pipe. One lock-protected write per event; no thread, no round trip.
+
+    A process forked from the worker (a DataLoader worker) inherits the writer and shares the pipe: there each
+    frame is cut to one atomic pipe write, so it can never interleave with the rank's own frames, and the lock
+    is made anew (it may have been held by another thread at the moment of the fork).
+    """
 
     def __init__(self, fd: int, rank: int):
         self.fd = fd
         self.rank = rank
         self._seq = 0
         self._lock = threading.Lock()
+        self._owner_pid = os.getpid()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def emit(self, kind: str, data: dict | None = None, attachment: bytes = b"") -> None:
         with self._lock:
             self._seq += 1
-            write_all(self.fd, encode_frame(self.rank, self._seq, kind, data or {}, attachment))
+            frame = encode_frame(self.rank, self._seq, kind, data or {}, attachment)
+            if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
+                frame = _shrink_to_pipe_buf(self.rank, self._seq, kind, data or {})
+            write_all(self.fd, frame)
+
+
+def _shrink_to_pipe_buf(rank: int, seq: int, kind: str, data: dict) -> bytes:
+    """A descendant's frame cut to one atomic write: long text fields are shortened (no attachment)."""
+    data = dict(data)
+    limit = 2048
+    while True:
+        for key, value in data.items():
+            if isinstance(value, str) and len(value) > limit:
+                data[key] = value[:limit] + " [cut]"
+        frame = encode_frame(rank, seq, kind, data)
+        if len(frame) <= _PIPE_BUF or limit < 64:
+            return frame
+        limit //= 2
 
 
 class FrameDecoder:
@@ -117,11 +149,16 @@ class FrameDecoder:
             end = _FRAME_HEADER.size + header_len + attachment_len
             if len(self._buffer) < end:
                 break
-            header = marshal.loads(bytes(self._buffer[_FRAME_HEADER.size:_FRAME_HEADER.size + header_len]))
-            attachment = bytes(self._buffer[_FRAME_HEADER.size + header_len:end])
+            view = memoryview(self._buffer)
+            header = marshal.loads(view[_FRAME_HEADER.size:_FRAME_HEADER.size + header_len])
+            attachment = bytes(view[_FRAME_HEADER.size + header_len:end])
+            view.release()
             del self._buffer[:end]
             frames.append((header, attachment))
         return frames
+
+    def discard(self) -> None:
+        self._buffer.clear()
 
     @property
     def pending_bytes(self) -> int:
@@ -136,9 +173,14 @@ class LineSplitter:
     def __init__(self):
         self._partial = b""
 
+    MAX_LINE_BYTES = 64 * 1024  # a longer unfinished line (a progress bar redrawn with \r) is shown in pieces
+
     def feed(self, chunk: bytes) -> list[str]:
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")
+        if len(self._partial) > self.MAX_LINE_BYTES:
+            lines.append(self._partial)
+            self._partial = b""
         return [_decode_line(line) for line in lines]
 
     def finish(self) -> list[str]:
@@ -194,6 +236,7 @@ class WorkerSpec:
 
 
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
+_RUN_ID = re.compile(r"\d{8}-\d{6}-\d+-[0-9a-f]{6}")
 KEEP_RUNS = 50
 
 
@@ -216,7 +259,11 @@ class RunLog:
 
     def __init__(self, root: str | None = None):
         root = root or runs_root()
-        os.makedirs(root, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot create the run log folder {root} ({exc.strerror}); set "
+                          f"{RUNS_DIR_ENV_VAR} to a writable folder") from exc
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}"
         self.path = os.path.join(root, self.run_id)
@@ -252,8 +299,9 @@ def read_run_log(path: str) -> list[dict]:
 
 def _prune(root: str, keep: int) -> None:
     try:
-        runs = sorted(entry for entry in os.listdir(root) if os.path.isdir(os.path.join(root, entry)))
+        runs = sorted(entry for entry in os.listdir(root)
+                      if _RUN_ID.fullmatch(entry) and os.path.isdir(os.path.join(root, entry)))
     except OSError:
-        return
+        return  # only our own run directories are ever removed, whatever else lives in that folder
     for old in runs[:-keep]:
         shutil.rmtree(os.path.join(root, old), ignore_errors=True)

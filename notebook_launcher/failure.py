@@ -2,8 +2,9 @@
 
 When one rank raises while its peers wait in a collective, the peers fail a moment later with "connection closed
 by peer" errors. torch's elastic launcher often blames one of them. Here a failure is *secondary* when its message
-is one of those lost-peer errors, and the root cause is the earliest primary failure (worker-side monotonic time,
-which is system-wide on Linux), falling back to the earliest failure of any kind.
+is one of those lost-peer errors, and the root cause is the earliest primary failure, falling back to the earliest
+failure of any kind. Exceptions are timed by the worker when it reports them; a rank that died without a word is
+timed by when it was last heard from (CLOCK_MONOTONIC is one clock for every process on Linux).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _LOST_PEER = re.compile(
     r"Socket Timeout|recvBytes|Connection refused",
     re.IGNORECASE,
 )
+TRUNCATED_EVENT = "TruncatedEvent"  # what the supervisor calls an event cut short by the worker's death
 _CONTEXT_LINES = 30
 _MAX_CRASH_LINES = 120
 _STDERR_KEPT = 2000  # per rank: enough for faulthandler's dump of every thread
@@ -62,9 +64,12 @@ class FailureTracker:
         self._states: dict[int, str] = {}
         self._last_line: dict[int, str] = {}
         self._stderr: dict[int, deque] = {}
+        self._last_seen: dict[int, float] = {}  # when each rank was last heard from
 
     def observe(self, event: Event) -> None:
         rank = event.rank
+        if event.kind != EXIT:
+            self._last_seen[rank] = event.time
         if event.kind == STATUS:
             self._states[rank] = event.data.get("state", self._states.get(rank, "starting"))
         elif event.kind == STREAM:
@@ -72,17 +77,22 @@ class FailureTracker:
             if event.data.get("stream") == "stderr":
                 self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).append((event.seq, event.data["text"]))
         elif event.kind == FAILURE and rank not in self._failures:
-            text = f"{event.data.get('message', '')}\n{event.data.get('traceback', '')}"
+            text = f"{event.data.get('type', '')}: {event.data.get('message', '')}"
             self._failures[rank] = RankFailure(
                 rank=rank, time=event.time, type=event.data.get("type", "Exception"),
                 message=event.data.get("message", ""), traceback=event.data.get("traceback", ""),
                 exit_code=event.data.get("exit_code"), secondary=bool(_LOST_PEER.search(text)))
         elif event.kind == EXIT:
             self._exits[rank] = event.data
-            if rank in self._failures:
-                self._failures[rank].exit_code = event.data.get("exit_code")
-            elif not event.data.get("stopped_by_launcher") and self._states.get(rank) != "finished":
-                self._failures[rank] = _exit_failure(event)
+            failure = self._failures.get(rank)
+            if failure is not None and failure.type != TRUNCATED_EVENT:
+                if failure.exit_code is None:
+                    failure.exit_code = event.data.get("exit_code")
+            elif not event.data.get("stopped_by_launcher") and (
+                    self._states.get(rank) != "finished" or event.data.get("exit_code") != 0):
+                # died without finishing, or was killed afterwards (the supervisor's rule too); timed by when the
+                # rank was last heard from, on the same clock as the workers' own failure records
+                self._failures[rank] = _exit_failure(event, self._last_seen.get(rank, event.time))
 
     def failures(self) -> dict[int, RankFailure]:
         """One entry per rank that raised, exited without finishing, or was killed (not by the launcher)."""
@@ -110,16 +120,16 @@ def _stderr_context(lines: list[str]) -> list[str]:
     return lines[-_CONTEXT_LINES:]
 
 
-def _exit_failure(event: Event) -> RankFailure:
+def _exit_failure(event: Event, when: float) -> RankFailure:
     signal_name = event.data.get("signal_name")
     code = event.data.get("exit_code")
     if signal_name:
         hint = _SIGNAL_HINTS.get(signal_name, "killed by a signal")
-        return RankFailure(rank=event.rank, time=event.time, type=f"killed by {signal_name}",
+        return RankFailure(rank=event.rank, time=when, type=f"killed by {signal_name}",
                            message=hint, exit_code=code, signal_name=signal_name)
     what = ("before its function returned (os._exit, or a crash in native code)" if code != 0
             else "with code 0 before its function returned (os._exit(0)?)")
-    return RankFailure(rank=event.rank, time=event.time, type=f"exit code {code}", message=f"exited {what}",
+    return RankFailure(rank=event.rank, time=when, type=f"exit code {code}", message=f"exited {what}",
                        exit_code=code)
 
 

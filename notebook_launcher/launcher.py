@@ -120,7 +120,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
         start_method, device, backend, timeout)
-    payload = planning.spawn_payload(function, plan.args) if plan.start_method == "spawn" else b""
+    payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers else b""
     log = RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
               start_method=plan.start_method, num_processes=plan.num_processes, world_size=plan.world_size)
@@ -128,7 +128,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     display = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
     started = time.monotonic()
     try:
-        if plan.num_processes == 1 and plan.num_nodes == 1:
+        if plan.runs_in_kernel:
             display.note(f"1 process: running {_name(function)} in this kernel on {plan.device}")
             return _run_in_kernel(plan, run)
         if plan.device == "xla":
@@ -137,7 +137,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         return _run_workers(plan, run, log, display, payload)
     except KeyboardInterrupt:
         run.status = "interrupted"
-        display.note(f"interrupted: stopped all {plan.num_processes} worker(s)")
+        display.note("interrupted" if plan.runs_in_kernel else
+                     f"interrupted: stopped all {plan.num_processes} worker(s)")
         raise
     except BaseException:
         if run.status in ("starting", "running"):
@@ -171,16 +172,14 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         tracker.observe(event)  # the attempt's FailureTracker and InOrderRelease, made below
         in_order.push(event)
         if event.kind == RESULT:
-            import cloudpickle
-
-            run.results[event.rank] = cloudpickle.loads(event.attachment)
+            run.results[event.rank] = _unpickle_result(event)
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
 
     restarts = 0
     while True:
         run.attempts += 1
-        reservation = planning.reserve_port(plan.master_addr, plan.master_port) if plan.num_nodes == 1 else None
+        reservation = planning.reserve_port(plan.master_addr, plan.requested_port) if plan.num_nodes == 1 else None
         if reservation is not None:
             plan = dataclasses.replace(plan, master_port=reservation.port, port_note=reservation.note)
         if run.attempts == 1:
@@ -190,11 +189,8 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         supervisor = Supervisor(plan, on_event, payload_path, on_tick=in_order.release,
                                 store_listen_fd=reservation.fileno() if reservation else -1)
         run.status = "running"
-        try:
-            supervisor.start()
-            if reservation is not None:
-                reservation.close()  # rank 0 has its own copy of the listening socket now
-            supervisor.wait(plan.timeout)
+        try:  # once started, rank 0 has its own copy of the listening socket
+            supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
         finally:
             if reservation is not None:
                 reservation.close()
@@ -206,7 +202,7 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             raise LaunchTimeoutError(
                 timeout_message(plan.timeout, tracker, ranks, supervisor.stack_dump_seq, run.run_dir), run)
         failures = tracker.failures()
-        if not failures:
+        if not failures and supervisor.stop_reason is None:
             run.status = "finished"
             return run.result(0)
         cause = root_cause(failures)
@@ -221,9 +217,45 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
 
 
+def _unpickle_result(event: Event):
+    import cloudpickle
+
+    try:
+        return cloudpickle.loads(event.attachment)
+    except Exception as exc:  # noqa: BLE001 - keep supervising; say what could not come back
+        return ResultUnavailable(f"rank {event.rank}'s return value (a {event.data.get('type')}) could not be "
+                                 f"unpickled in the kernel: {type(exc).__name__}: {exc}")
+
+
+class ResultUnavailable(str):
+    """Stands in for a rank's return value that the kernel could not unpickle; the text says why."""
+
+
 def _run_in_kernel(plan, run: Run):
+    """One rank in the kernel itself: a one-process default group (so DDP code runs unchanged) and the
+    Accelerate variables, both put back as they were afterwards."""
+    import torch.distributed as dist
+
+    env = {"ACCELERATE_MIXED_PRECISION": plan.mixed_precision, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_WORLD_SIZE": "1"}
+    if plan.device == "cpu":
+        env["ACCELERATE_USE_CPU"] = "true"
+    saved = {key: os.environ.get(key) for key in env}
+    own_group = dist.is_available() and not dist.is_initialized() and plan.device in ("cpu", "cuda")
     run.status = "running"
-    result = plan.function(*plan.args)
+    os.environ.update(env)
+    try:
+        if own_group:
+            dist.init_process_group(plan.backend, store=dist.HashStore(), rank=0, world_size=1)
+        result = plan.function(*plan.args)
+    finally:
+        if own_group and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     run.results[0] = result
     run.status = "finished"
     return result

@@ -37,12 +37,10 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             stacklevel=1, **kwargs):
         if isinstance(level, str):
             level = logging.getLevelName(level.upper())
-        if local_main_process_only and _env_int("LOCAL_RANK") != 0:
-            return
-        if main_process_only and not local_main_process_only and _env_int("RANK") != 0:
-            return
         order = _next_in_order_id() if in_order and not main_process_only else None
-        if not self.logger.isEnabledFor(level):
+        skip = (local_main_process_only and _env_int("LOCAL_RANK") != 0) or (
+            main_process_only and not local_main_process_only and _env_int("RANK") != 0)
+        if skip or not self.logger.isEnabledFor(level):
             if order is not None and _channel is not None:
                 _channel.emit(LOG, {"in_order": order, "skipped": True})  # the kernel need not wait for us
             return
@@ -72,11 +70,17 @@ def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAda
         logger.debug("every rank", main_process_only=False)
         logger.debug("every rank, rank 0 first", main_process_only=False, in_order=True)
     """
+    source = "log_level"
     if log_level is None:
         log_level = os.environ.get("ACCELERATE_LOG_LEVEL") or None
+        source = "the environment variable ACCELERATE_LOG_LEVEL"
     logger = logging.getLogger(name)
     if log_level is not None:
-        logger.setLevel(log_level.upper() if isinstance(log_level, str) else log_level)
+        try:
+            logger.setLevel(log_level.upper() if isinstance(log_level, str) else log_level)
+        except (ValueError, TypeError):
+            raise ValueError(f"{source} is {log_level!r}, which is not a logging level: use DEBUG, INFO, WARNING, "
+                             "ERROR or CRITICAL") from None
     return MultiProcessAdapter(logger, {})
 
 

@@ -6,6 +6,7 @@ and the error for a bad argument names the parameter and the fix.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import socket
@@ -37,7 +38,8 @@ class LaunchPlan:
     start_method: str
     start_method_reason: str
     master_addr: str
-    master_port: int  # as requested; the launcher replaces it with the port it reserved
+    master_port: int  # the launcher replaces it with the port it reserved for each attempt
+    requested_port: int
     mixed_precision: str
     timeout: float | None
     max_restarts: int
@@ -48,6 +50,15 @@ class LaunchPlan:
     rdzv_id: str
     cpu_threads: int
     port_note: str = ""
+
+    @property
+    def runs_in_kernel(self) -> bool:
+        """One process on one node: the function runs in the kernel itself."""
+        return self.num_processes == 1 and self.num_nodes == 1
+
+    @property
+    def spawns_workers(self) -> bool:
+        return self.start_method == "spawn" and self.device != "xla" and not self.runs_in_kernel
 
     @property
     def world_size(self) -> int:
@@ -71,7 +82,7 @@ class LaunchPlan:
         }
         if self.device == "cpu":
             env["ACCELERATE_USE_CPU"] = "true"
-            if self.cpu_threads and "OMP_NUM_THREADS" not in os.environ:
+            if self.cpu_threads:
                 env["OMP_NUM_THREADS"] = str(self.cpu_threads)
         return env
 
@@ -124,8 +135,10 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
             f"rdzv_backend='static' with master_addr and use_port set to node 0's address and a free port")
 
     if rdzv_endpoint:
-        master_addr, use_port = _split_endpoint(rdzv_endpoint)
-    requested_port = _port(use_port)
+        master_addr, endpoint_port = _split_endpoint(rdzv_endpoint)
+        requested_port = _port(endpoint_port, name=f"the port of rdzv_endpoint={rdzv_endpoint!r}")
+    else:
+        requested_port = _port(use_port)
     if not isinstance(master_addr, str) or not master_addr:
         raise LaunchArgumentError(f"master_addr must be a host name or address string, got {master_addr!r}")
 
@@ -140,13 +153,14 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         num_processes = _num_processes(num_processes, device)
     backend = _backend(backend, device)
     start_method, reason = choose_start_method(start_method, device)
-    cpu_threads = 0
-    if device == "cpu":
+    cpu_threads = 0  # torch's default, or what OMP_NUM_THREADS says
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         cpu_threads = max(1, _cpu_count() // num_processes)
     return LaunchPlan(
         function=function, args=tuple(args), num_processes=num_processes, num_nodes=num_nodes,
         node_rank=node_rank, device=device, backend=backend, start_method=start_method,
         start_method_reason=reason, master_addr=master_addr, master_port=requested_port,
+        requested_port=requested_port,
         mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
@@ -217,16 +231,17 @@ def _split_endpoint(endpoint: str) -> tuple[str, str]:
     host, sep, port = str(endpoint).rpartition(":")
     if not sep or not host:
         raise LaunchArgumentError(f"rdzv_endpoint={endpoint!r} must look like 'host:port'")
-    return host, port
+    return host.strip("[]"), port
 
 
-def _port(value) -> int:
+def _port(value, name: str = "use_port") -> int:
+    shown = f"{name}={value!r}" if name == "use_port" else f"{name} ({value!r})"
     try:
         port = int(str(value))
     except ValueError:
-        raise LaunchArgumentError(f"use_port={value!r} must be a port number such as '29500'") from None
+        raise LaunchArgumentError(f"{shown} must be a port number such as '29500'") from None
     if not 1 <= port <= 65535:
-        raise LaunchArgumentError(f"use_port={value!r} is out of range: use a port between 1 and 65535")
+        raise LaunchArgumentError(f"{shown} is out of range: use a port between 1 and 65535")
     return port
 
 
@@ -322,20 +337,14 @@ class PortReservation:
     """
 
     def __init__(self, host: str, requested: int):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.note = ""
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a just-closed run's port is fine
-            try:
-                self.socket.bind((host, requested))
-            except OSError:
-                self.socket.bind((host, 0))
-                self.note = f"port {requested} is busy, using {self.socket.getsockname()[1]}"
-            self.socket.listen(1024)
-        except OSError:
-            self.socket.close()
-            raise
+            self.socket = _listen(host, requested)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise  # not an address of this machine
+            self.socket = _listen(host, 0)
+            self.note = f"port {requested} is busy, using {self.socket.getsockname()[1]}"
         self.port = self.socket.getsockname()[1]
 
     def fileno(self) -> int:
@@ -345,13 +354,29 @@ class PortReservation:
         self.socket.close()
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a just-finished run's port is fine
+        listener.bind((host, port))
+        listener.listen(1024)  # a second program that bound the same port too fails here, not later
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
 def reserve_port(host: str, requested: int) -> PortReservation | None:
     """The requested port if it is free, else any free one, held until the workers have started; None when
-    ``host`` is not an address of this machine (the port is then the user's business)."""
+    ``host`` is not an address of this machine (the port is then used as given)."""
     try:
         return PortReservation(host, requested)
-    except OSError:
+    except socket.gaierror:
         return None
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return None
+        raise
 
 
 def _torch():
@@ -369,6 +394,10 @@ def spawn_payload(function, args) -> bytes:
 
     import cloudpickle
 
+    try:
+        return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))
+    except Exception:  # noqa: BLE001 - find which object it was, for the message
+        pass
     name = getattr(function, "__qualname__", repr(function))
     try:
         cloudpickle.dumps(function)
@@ -385,7 +414,7 @@ def spawn_payload(function, args) -> bytes:
             raise TypeError(
                 f"args[{index}] (a {type(value).__name__}) cannot be pickled for start_method='spawn': "
                 f"{type(exc).__name__}: {exc}. Create it inside the function, or use start_method='fork'.") from exc
-    return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))
+    return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))  # raises what it raises
 
 
 def _unpicklable_reference(function) -> str:

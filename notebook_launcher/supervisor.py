@@ -10,16 +10,19 @@ SIGINT that Jupyter sends to the kernel's group does not hit them half-way throu
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 
+from .failure import TRUNCATED_EVENT
 from .events import (EXIT, FAILURE, STATUS, STREAM, Event, FrameDecoder, LineSplitter, WorkerSpec,
                      event_from_frame)
 
@@ -28,6 +31,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 TERMINATE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.5
 EOF_WAIT_AFTER_EXIT_S = 1.0
+CLOSE_WAIT_S = 5.0
 
 
 @dataclass
@@ -72,6 +76,12 @@ class Supervisor:
         self._kill_at: float | None = None
         self._eof_deadline: float | None = None
         self._finished_ranks: set[int] = set()
+        self._reported_failure: set[int] = set()  # ranks exiting on their own after reporting an exception
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, (None, "wake"))
+        self._interrupt = _DeferredInterrupt(None)
 
     # -- start -------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,7 +153,7 @@ class Supervisor:
         from .worker import SPEC_ENV_VAR
 
         inherited = (spec.events_fd,) + ((spec.store_listen_fd,) if spec.store_listen_fd >= 0 else ())
-        spec_for_child = WorkerSpec(**{**spec.__dict__, "stdout_fd": 1, "stderr_fd": 2})
+        spec_for_child = dataclasses.replace(spec, stdout_fd=1, stderr_fd=2)
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env[SPEC_ENV_VAR] = spec_for_child.to_json()
@@ -155,25 +165,38 @@ class Supervisor:
             env=env, close_fds=True, **kwargs,
         )
 
-    # -- wait --------------------------------------------------------------------------------------------------
-    def wait(self, timeout: float | None) -> None:
-        """Run until every worker has exited and its pipes are drained. Stops everyone on the first failure,
-        at ``timeout`` seconds, or on KeyboardInterrupt (re-raised once all workers are gone)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        interrupted = False
-        while not self._finished():
-            try:
-                self._step(deadline)
-            except KeyboardInterrupt:
-                interrupted = True
-                self.stop("interrupted", grace=0.5)
-        if interrupted:
+    # -- run -------------------------------------------------------------------------------------------------
+    def run(self, timeout: float | None, on_started=None) -> None:
+        """Start the workers and wait until every one has exited and its pipes are drained.
+
+        Stops everyone on the first failure, at ``timeout`` seconds, or on Ctrl-C / a kernel interrupt, which
+        is re-raised as KeyboardInterrupt once all workers are gone (a second one kills them at once). While
+        this runs, SIGINT only sets a flag, so an interrupt can never land half-way through a fork, a read or
+        a reap; the previous handler is put back before returning.
+        """
+        with _DeferredInterrupt(self._wake_write) as interrupt:
+            self._interrupt = interrupt
+            self.start()
+            if on_started is not None:
+                on_started()
+            self._wait(timeout)
+        if interrupt.count:
             raise KeyboardInterrupt
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._finished():
+            self._step(deadline)
+            if self._interrupt.count and self.stop_reason != "interrupted":
+                self.stop("interrupted", grace=0.5)
+                self.stop_reason = "interrupted"
+            if self._interrupt.count > 1:
+                self._signal_all(signal.SIGKILL)
 
     def _finished(self) -> bool:
         if any(worker.alive for worker in self.workers):
             return False
-        if not self._selector.get_map():
+        if not any(key.data[1] != "wake" for key in self._selector.get_map().values()):
             return True
         now = time.monotonic()
         if self._eof_deadline is None:
@@ -195,6 +218,7 @@ class Supervisor:
         self.on_tick()
         now = time.monotonic()
         if deadline is not None and now >= deadline and self.stop_reason is None:
+            self.stop_reason = "timeout"  # first: a rank killed by the dump signal is not "the failure"
             self.request_stack_dumps()
             self._collect_for(STACK_DUMP_WAIT_S)
             self.stop("timeout")
@@ -211,7 +235,10 @@ class Supervisor:
         """One select: read every pipe that has data, reap every worker whose pidfd says it exited."""
         for key, _ in self._selector.select(wait_s):
             worker, channel = key.data
-            if channel == "exit":
+            if channel == "wake":  # a SIGINT arrived: the loop checks the flag right after
+                while _read_nonblocking(key.fd):
+                    pass
+            elif channel == "exit":
                 self._reap(worker)
             elif worker.read_fds.get(channel) == key.fd:  # not already drained and closed by a reap above
                 self._read(worker, channel, key.fd)
@@ -224,11 +251,20 @@ class Supervisor:
             return False
         if channel == "events":
             decoder = self._decoders[worker.rank]
-            for header, attachment in decoder.feed(chunk):
-                self._emit_frame(header, attachment)
+            try:
+                frames = decoder.feed(chunk)
+            except Exception as exc:  # noqa: BLE001 - a corrupt stream must not take the kernel's loop down
+                frames, chunk = [], b""  # stop reading this pipe: nothing after a bad frame can be trusted
+                decoder.discard()
+                self._emit(worker.rank, FAILURE, {
+                    "type": "CorruptEventStream", "message": f"rank {worker.rank} wrote an unreadable event "
+                    f"({type(exc).__name__}: {exc}); its later events are lost", "traceback": "",
+                    "exit_code": None})
+            for header, attachment in frames:
+                self._emit_frame(worker.rank, header, attachment)
             if not chunk and decoder.pending_bytes:
                 self._emit(worker.rank, FAILURE, {
-                    "type": "TruncatedEvent", "message": f"{decoder.pending_bytes} bytes of an unfinished event "
+                    "type": TRUNCATED_EVENT, "message": f"{decoder.pending_bytes} bytes of an unfinished event "
                     "(the worker died while writing it)", "traceback": "", "exit_code": None})
         else:
             splitter = self._splitters[(worker.rank, channel)]
@@ -247,8 +283,8 @@ class Supervisor:
             while worker.read_fds.get(channel) == fd and self._read(worker, channel, fd):
                 pass
 
-    def _emit_frame(self, header: dict, attachment: bytes) -> None:
-        rank = int(header["rank"])
+    def _emit_frame(self, rank: int, header: dict, attachment: bytes) -> None:
+        header["rank"] = rank  # the pipe says who wrote it
         self._seq[rank] = self._seq.get(rank, 0) + 1
         event = event_from_frame(header, attachment, self._seq[rank])
         self._deliver(event)
@@ -267,6 +303,7 @@ class Supervisor:
         if event.kind == STATUS and event.data.get("state") == "finished":
             self._finished_ranks.add(event.rank)
         if event.kind == FAILURE:
+            self._reported_failure.add(event.rank)
             return True
         if event.kind == EXIT:
             return event.data.get("exit_code") != 0 or event.rank not in self._finished_ranks
@@ -288,7 +325,10 @@ class Supervisor:
             worker.exit_code = -worker.signal
         else:
             worker.exit_code = os.WEXITSTATUS(status)
-        _kill_group(worker.pid, signal.SIGKILL)  # whatever it left behind (DataLoader workers) goes with it
+        try:  # whatever it left behind in its group (DataLoader workers) goes with it; never by its old pid
+            os.killpg(worker.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self._drain(worker)
         self._emit(worker.rank, EXIT, {"exit_code": worker.exit_code, "signal": worker.signal,
                                        "signal_name": _signal_name(worker.signal),
@@ -297,8 +337,8 @@ class Supervisor:
     def _waitpid(self, worker: WorkerProcess) -> int | None:
         try:
             pid, status = os.waitpid(worker.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere (should not happen); count it as gone
-            return 0
+        except ChildProcessError:  # reaped by someone else (SIGCHLD ignored in this process): status unknown
+            return 255 << 8
         if pid == 0:
             return None
         if worker.popen is not None:
@@ -309,6 +349,10 @@ class Supervisor:
         for worker in self.workers:
             if worker.alive and worker.pidfd is None:
                 self._reap(worker)
+
+    def _reap_all(self) -> None:
+        for worker in self.workers:
+            self._reap(worker)
 
     # -- stop --------------------------------------------------------------------------------------------------
     def request_stack_dumps(self) -> None:
@@ -325,41 +369,37 @@ class Supervisor:
         """SIGTERM every live worker's process group now, SIGKILL after ``grace`` seconds."""
         if self.stop_reason is None:
             self.stop_reason = reason
+        self._reap_all()  # one that already died on its own keeps its own cause of death
         for worker in self.workers:
-            self._reap(worker)  # one that already died on its own keeps its own cause of death
-            if worker.alive:
+            if worker.alive and worker.rank not in self._reported_failure:
                 worker.stopped_by_launcher = True
-        self._signal_all(signal.SIGTERM)
+        self._signal_all(signal.SIGTERM, spare=self._reported_failure)  # SIGKILL after the grace takes all
         kill_at = time.monotonic() + grace
         self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
 
-    def _signal_all(self, signum: int) -> None:
-        for worker in self.workers:
-            if worker.alive:
-                for pid in _descendants(worker.pid):
-                    _kill(pid, signum)
-                _kill_group(worker.pid, signum)
+    def _signal_all(self, signum: int, spare=()) -> None:
+        alive = [worker.pid for worker in self.workers if worker.alive and worker.rank not in spare]
+        for pid in _descendants(alive):
+            _kill(pid, signum)
+        for pid in alive:
+            _kill_group(pid, signum)
 
     def close(self) -> None:
         """Last resort after wait(): nothing of ours survives, every fd is closed, every child reaped."""
         if any(worker.alive for worker in self.workers):
             self._signal_all(signal.SIGKILL)
-            for worker in self.workers:
-                if worker.alive:
-                    try:
-                        os.waitpid(worker.pid, 0)
-                    except ChildProcessError:
-                        pass
-                    if worker.popen is not None:
-                        worker.popen.returncode = -9
-                    worker.signal = signal.SIGKILL
-                    worker.exit_code = -signal.SIGKILL
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while any(worker.alive for worker in self.workers) and time.monotonic() < deadline:
+                self._reap_all()
+                time.sleep(0.01)
         self._drain_and_close_all()
         for worker in self.workers:
             if worker.pidfd is not None:
                 os.close(worker.pidfd)
                 worker.pidfd = None
         self._selector.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
     def _drain_and_close_all(self) -> None:
         for worker in self.workers:
@@ -373,6 +413,40 @@ class Supervisor:
                 del worker.read_fds[channel]
         for key in list(self._selector.get_map().values()):
             self._selector.unregister(key.fd)
+
+
+class _DeferredInterrupt:
+    """While active (main thread only), SIGINT increments ``count`` and wakes the selector instead of raising
+    KeyboardInterrupt wherever the interpreter happens to be. The previous handler is restored on exit."""
+
+    def __init__(self, wake_fd: int | None):
+        self.count = 0
+        self._wake_fd = wake_fd
+        self._previous = None
+
+    def __enter__(self):
+        if self._wake_fd is not None and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self.count += 1
+        try:
+            os.write(self._wake_fd, b"\0")
+        except OSError:
+            pass
+
+    def __exit__(self, *exc_info):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+def _read_nonblocking(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b""
 
 
 def _pidfd_open(pid: int) -> int | None:
@@ -405,8 +479,10 @@ def _signal_name(signum: int | None) -> str | None:
         return f"signal {signum}"
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc), including those that left its process group."""
+def _descendants(pids: list[int]) -> list[int]:
+    """Every process below ``pids`` (Linux /proc), including those that left their process group."""
+    if not pids:
+        return []
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
@@ -421,7 +497,7 @@ def _descendants(pid: int) -> list[int]:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [pid]
+    found, todo = [], list(pids)
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)

@@ -14,6 +14,8 @@ This module only knows the event schema (``events``); it never imports the kerne
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import copy
 import ctypes
 import faulthandler
@@ -23,12 +25,15 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 
 from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec, write_all
 from .logging import install_event_logging
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
+_RETURNED_KEY = "notebook_launcher/returned"
+_LEFT_KEY = "notebook_launcher/left"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -130,6 +135,7 @@ def _load_payload(path: str):
 def _run(spec: WorkerSpec, load_function) -> int:
     _die_with_parent(spec.parent_pid)
     _default_signal_handlers()
+    atexit._clear()  # the kernel's exit handlers are not the worker's; the user's own run at the end
     kernel_streams = _capture_streams(spec)
     events = EventWriter(spec.events_fd, spec.rank)
     install_event_logging(events, kernel_streams)
@@ -155,9 +161,10 @@ def _run(spec: WorkerSpec, load_function) -> int:
     except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
         exit_code = 1
         _report_failure(events, exc, exit_code)
-    if exit_code == 0 and process_group_up:
-        _leave_process_group()
     events.emit(STATUS, {"state": "finished" if exit_code == 0 else "failed", "exit_code": exit_code})
+    if exit_code == 0 and process_group_up:
+        _leave_process_group(spec.world_size)
+    _run_exit_handlers()
     return exit_code
 
 
@@ -213,6 +220,11 @@ def _to_cpu(value):
     return value
 
 
+def _no_input(prompt=""):
+    raise EOFError("input() is not available in a launched worker: read values in the notebook and pass them "
+                   "through args=(...)")
+
+
 def _default_signal_handlers() -> None:
     """A forked worker inherits the kernel's Python signal handlers (torch elastic and Accelerate leave theirs
     installed): the launcher's SIGTERM must end the worker at once, not become an exception in user code."""
@@ -244,6 +256,8 @@ def _capture_streams(spec: WorkerSpec) -> tuple:
             os.close(source)
     sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>")
     sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>")
+    sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the worker
+    builtins.input = _no_input  # ipykernel's input() would ask the notebook over its sockets and never return
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
@@ -261,7 +275,8 @@ def _retarget_logging_handlers(previous_streams) -> None:
         for handler in logger.handlers:
             stream = getattr(handler, "stream", None)
             if isinstance(handler, logging.StreamHandler) and id(stream) in previous_ids:
-                handler.setStream(sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr)
+                # assigned, not setStream(): that would flush the kernel's stream object from the child
+                handler.stream = sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr
 
 
 def _forget_inherited_accelerate_state() -> None:
@@ -304,19 +319,39 @@ def _init_process_group(spec: WorkerSpec) -> bool:
     return True
 
 
-def _leave_process_group() -> None:
-    """A barrier, so no peer is still connecting to us, and then the process simply exits.
+def _leave_process_group(world_size: int) -> None:
+    """Wait until every rank has returned, then let the process exit (which tears the group down).
 
-    Exiting tears the group down as destroy_process_group() would, without its cost: gloo joins its threads
-    there (about 20 ms per rank, the largest part of a short launch).
+    Agreed through the group's store rather than a collective barrier, so a rank that returns early waits
+    without any collective timeout or NCCL watchdog; and without destroy_process_group(), whose joining of
+    gloo's threads is the largest part of a short launch (about 20 ms per rank). No rank leaves while a peer
+    may still be talking to it.
     """
     import torch.distributed as dist
 
-    if dist.is_initialized():  # the function may have destroyed it itself
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001 - a peer failed; the kernel reports that one
-            pass
+    if not dist.is_initialized():  # the function destroyed it itself
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.add(_RETURNED_KEY, 1)
+        while store.add(_RETURNED_KEY, 0) < world_size:
+            time.sleep(0.002)
+        store.add(_LEFT_KEY, 1)
+        if dist.get_rank() == 0:  # rank 0 serves the store: it goes last, when nobody will ask it anything
+            while store.add(_LEFT_KEY, 0) < world_size:
+                time.sleep(0.002)
+    except Exception:  # noqa: BLE001 - a peer failed (the kernel reports it) or rank 0's store is gone
+        pass
+
+
+def _run_exit_handlers() -> None:
+    """What a normal interpreter exit would do for the user's code (wandb, TensorBoard writers, file
+    handlers), since the worker leaves with os._exit to skip everything inherited from the kernel."""
+    try:
+        atexit._run_exitfuncs()
+    except Exception:  # noqa: BLE001
+        pass
+    logging.shutdown()
 
 
 class XlaEntry:

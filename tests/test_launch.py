@@ -33,6 +33,7 @@ def test_all_reduce_and_rank0_result(num_processes, start_method, capsys):
     assert sorted(run.results) == list(range(num_processes))
     assert [run.results[r]["env_rank"] for r in range(num_processes)] == list(range(num_processes))
     assert run.exit_codes == {rank: 0 for rank in range(num_processes)}
+    assert run.output(stream="stderr") == []  # a clean run says nothing on stderr (no teardown noise)
     out = capsys.readouterr().out
     assert f"start method {start_method}" in out
     for rank in range(num_processes):
@@ -244,3 +245,38 @@ def test_two_programs_launching_on_the_default_port_at_once_never_cross(tmp_path
     for program, output in zip(programs, outputs):
         assert program.returncode == 0, output
         assert "all fine" in output
+
+
+def test_input_in_a_worker_fails_at_once_with_a_hint():
+    def asks():
+        return input("learning rate? ")
+
+    with pytest.raises(Exception) as caught:
+        notebook_launcher(asks, num_processes=2, device="cpu", timeout=30)
+    assert "EOFError: input() is not available in a launched worker" in str(caught.value)
+
+
+def test_num_processes_1_gives_the_function_a_one_process_group_and_restores_the_kernel():
+    def ddp_step():
+        import torch.distributed as dist
+
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        model(torch.ones(1, 2)).sum().backward()
+        return dist.get_world_size(), os.environ["ACCELERATE_MIXED_PRECISION"]
+
+    env_before = dict(os.environ)
+    assert notebook_launcher(ddp_step, num_processes=1, device="cpu", mixed_precision="bf16") == (1, "bf16")
+    assert not torch.distributed.is_initialized()
+    ours = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU")
+    assert {key: os.environ.get(key) for key in ours} == {key: env_before.get(key) for key in ours}
+
+
+def test_the_users_atexit_handlers_run_in_the_worker(tmp_path):
+    def registers():
+        import atexit
+
+        rank = int(os.environ["RANK"])
+        atexit.register(lambda: (tmp_path / f"flushed-{rank}").write_text("yes"))
+
+    notebook_launcher(registers, num_processes=2, device="cpu")
+    assert (tmp_path / "flushed-0").read_text() == "yes" and (tmp_path / "flushed-1").read_text() == "yes"

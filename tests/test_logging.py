@@ -188,3 +188,9 @@ def test_local_main_process_only_logs_once_per_node(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="nodes"):
         logger.info("once per node", local_main_process_only=True)
     assert caplog.records == []
+
+
+def test_a_wrong_accelerate_log_level_is_named(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_LOG_LEVEL", "loud")
+    with pytest.raises(ValueError, match="ACCELERATE_LOG_LEVEL is 'loud', which is not a logging level"):
+        get_logger("badlevel")
