@@ -15,12 +15,15 @@ reported by the reader, not silently dropped.
 
 Kinds of events
 ---------------
-``status``   data: ``{"state": "starting" | "running" | "finished" | "failed"}``
+``status``   data: ``{"state": "starting" | "running" | "finished" | "failed"}``, with ``pid`` and ``local_rank``
+             when starting and ``exit_code`` when finished or failed
 ``stream``   data: ``{"stream": "stdout" | "stderr", "text": <one line without its newline>}`` (made by the kernel
              from the worker's fd 1/2 pipes, so C/C++ output arrives too)
-``result``   data: ``{"type": <type name>}``; attachment: the pickled return value
-``failure``  data: ``{"type", "message", "traceback", "exit_code"}``: the exception that ended the worker
-``exit``     data: ``{"exit_code": int | None, "signal": int | None}`` (made by the kernel when it reaps the worker)
+``result``   data: ``{"type": <type name>, "bytes": <size>}``; attachment: the pickled return value
+``failure``  data: ``{"type", "module", "message", "traceback", "exit_code"}``: the exception that ended the
+             worker (the kernel also makes ``TruncatedEvent`` and ``CorruptEventStream`` failures)
+``exit``     data: ``{"exit_code", "signal", "signal_name", "stopped_by_launcher"}`` (made by the kernel when it
+             reaps the worker; a negative exit code is the signal that killed it)
 ``launcher`` data: ``{"text": ...}``: a note from the launcher itself (restarts, teardown)
 ``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
