@@ -50,6 +50,8 @@ import threading
 import time
 import traceback
 
+import psutil
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
@@ -126,26 +128,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """Every live process below ``pid`` (default: this one), from /proc."""
-    pid = os.getpid() if pid is None else pid
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def descendants() -> list[int]:
+    """Every live (not zombie) process below this one."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
             continue
-        if fields[0] == b"Z":
-            continue  # a zombie is not running; it is reaped by whoever waits on it
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
     return found
 
 
