@@ -7,16 +7,21 @@
 from .failure import LaunchTimeoutError, RankFailedError
 from .launcher import Run, last_run, notebook_launcher
 from .logging import get_logger
+from .ops import DistributedOperationException
+from .triggers import check_trigger, set_trigger
 from .plan import LaunchArgumentError
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DistributedOperationException",
     "LaunchArgumentError",
     "LaunchTimeoutError",
     "RankFailedError",
+    "check_trigger",
     "Run",
     "get_logger",
     "last_run",
     "notebook_launcher",
+    "set_trigger",
 ]

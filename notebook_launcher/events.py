@@ -25,6 +25,9 @@ Kinds of events
 ``exit``     data: ``{"exit_code", "signal", "signal_name", "stopped_by_launcher"}`` (made by the kernel when it
              reaps the worker; a negative exit code is the signal that killed it)
 ``launcher`` data: ``{"text": ...}``: a note from the launcher itself (restarts, teardown)
+``shape_mismatch`` data: ``{"operation", "operations", "shapes", "dtypes", "call_sites", "message"}``: debug
+             mode found ranks disagreeing on a collective (sent once, by rank 0; every rank then raises)
+``trigger``  data: ``{"call_site"}``: this rank called set_trigger()
 ``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
              ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
+TRUE_VALUES = ("1", "true", "yes", "on", "y", "t")  # how Accelerate reads a flag such as ACCELERATE_DEBUG_MODE
 _FRAME_HEADER = struct.Struct(">II")
 
 STATUS = "status"
@@ -54,7 +58,8 @@ FAILURE = "failure"
 EXIT = "exit"
 LAUNCHER = "launcher"
 LOG = "log"
-KINDS = (STATUS, STREAM, RESULT, FAILURE, EXIT, LAUNCHER, LOG)
+SHAPE_MISMATCH = "shape_mismatch"
+TRIGGER = "trigger"
 
 
 @dataclass
@@ -228,6 +233,8 @@ class WorkerSpec:
     cpu_threads: int  # intra-op threads for torch on CPU runs; 0 leaves torch's default
     payload_path: str = ""  # spawn only: the cloudpickled (function, args)
     store_listen_fd: int = -1  # rank 0 only: the kernel's listening socket for the TCPStore server
+    debug: bool | None = None  # debug mode forced on/off; None: ACCELERATE_DEBUG_MODE decides at each call
+    progress_path: str = ""  # the rank's progress record (see ProgressRecord)
     explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
 
     def to_json(self) -> str:
@@ -308,3 +315,47 @@ def _prune(root: str, keep: int) -> None:
         return  # only our own run directories are ever removed, whatever else lives in that folder
     for old in runs[:-keep]:
         shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+
+
+class ProgressRecord:
+    """Where a rank is, readable by the kernel at any moment without the rank's help: a small shared file
+    (mmap) that each collective updates on entry and exit. For hang diagnosis: which collective, its sequence
+    number, since when, called from where.
+
+    Layout: sequence number (u64), entered at (f64, monotonic), inside a collective (u8), operation (32 bytes),
+    call site (200 bytes).
+    """
+
+    _LAYOUT = struct.Struct("<QdB32s200s")
+
+    def __init__(self, path: str, create: bool = False):
+        import mmap
+
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        descriptor = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(descriptor, 0)  # a fresh, zeroed record for each attempt
+                os.ftruncate(descriptor, self._LAYOUT.size)
+            self._map = mmap.mmap(descriptor, self._LAYOUT.size)
+        finally:
+            os.close(descriptor)
+        self.sequence = 0
+
+    def enter(self, operation: str, call_site: str) -> None:
+        self.sequence += 1
+        self._LAYOUT.pack_into(self._map, 0, self.sequence, time.monotonic(), 1, operation.encode()[:32],
+                               call_site.encode("utf-8", "replace")[:200])
+
+    def leave(self) -> None:
+        self._map[16] = 0  # the "inside" byte
+
+    def read(self) -> dict:
+        sequence, since, inside, operation, call_site = self._LAYOUT.unpack_from(self._map, 0)
+        return {"sequence": sequence, "since": since, "inside": bool(inside),
+                "operation": operation.rstrip(b"\0").decode(errors="replace"),
+                "call_site": call_site.rstrip(b"\0").decode(errors="replace")}
+
+    def close(self) -> None:
+        self._map.close()

@@ -176,6 +176,8 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracke
             failure = failures.get(rank)
             if failure is None:
                 lines.append(f"  rank {rank}: {tracker.last_state(rank)}")
+            elif (failure.type, failure.message) == (cause.type, cause.message):
+                lines.append(f"  rank {rank}: the same {failure.type}")
             else:
                 note = " (a consequence: it lost its connection to a failed rank)" if failure.secondary else ""
                 lines.append(f"  rank {rank}: {failure.headline.splitlines()[0][:300]}{note}")
@@ -196,3 +198,53 @@ def timeout_message(timeout: float, tracker: FailureTracker, ranks: list[int], s
             lines += [f"  Python stacks of rank {rank} at the timeout:"] + [f"    {text}" for text in dump]
     lines += ["", f"Run log: {run_dir}"]
     return "\n".join(lines)
+
+
+def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq: dict[int, int],
+                 timeout: float | None, run_dir: str) -> str:
+    """Which rank diverged, then where every rank was: its collective (name, number, call site, how long) or
+    that it had finished, and its Python stacks."""
+    waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")}
+    others = {rank: info for rank, info in hang.items() if rank not in waiting}
+    if others:
+        culprits = ", ".join(f"rank {rank} {_place(info)}" for rank, info in sorted(others.items()))
+        headline = (f"The ranks stopped making progress: {culprits}, while "
+                    f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in a collective it will never "
+                    f"join. The diverging rank left the loop early or took another code path.")
+    else:
+        groups: dict[tuple, list[int]] = {}
+        for rank, info in hang.items():
+            groups.setdefault((info.get("operation"), info.get("sequence")), []).append(rank)
+        if len(groups) > 1:
+            odd = min(groups.values(), key=len)
+            headline = (f"The ranks stopped making progress: they wait in different collectives ({_ranks(odd)} "
+                        f"diverged from the others).")
+        else:
+            headline = (f"The ranks stopped making progress: every rank has waited in the same collective for more "
+                        f"than timeout={timeout:g} s." if timeout else "The ranks stopped making progress.")
+    lines = [headline]
+    for rank in sorted(hang):
+        lines += ["", f"rank {rank}: {_place(hang[rank])}"]
+        waiting_or_busy = hang[rank].get("state") == "running"
+        dump = tracker.stderr_since(rank, stack_dump_seq[rank]) if waiting_or_busy and rank in stack_dump_seq else []
+        if dump:
+            lines += [f"  Python stacks of rank {rank}:"] + [f"    {text}" for text in dump]
+    lines += ["", f"Run log: {run_dir}"]
+    return "\n".join(lines)
+
+
+def _place(info: dict) -> str:
+    last = f"{info.get('operation')} #{info.get('sequence')} at {info.get('call_site')}" if info.get("sequence") \
+        else "no collective yet"
+    if info.get("state") == "finished":
+        return f"had finished its function (last collective: {last})"
+    if info.get("state") == "exited":
+        return f"had exited (last collective: {last})"
+    if info.get("inside"):
+        return f"waiting {info['now'] - info['since']:.1f} s in {last}"
+    return f"is not in any collective: busy or stuck in its own code (last collective: {last})"
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(rank) for rank in ranks)

@@ -12,7 +12,7 @@ from .display import TextDisplay
 from .events import EXIT, LAUNCHER, LOG, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
 from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
-                      root_cause, timeout_message)
+                      hang_message, root_cause, timeout_message)
 from .supervisor import Supervisor
 
 _MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
@@ -34,7 +34,7 @@ class Run:
     start_method: str
     num_processes: int
     world_size: int
-    status: str = "starting"  # starting | running | finished | failed | timed out | interrupted
+    status: str = "starting"  # starting | running | finished | failed | timed out | hung | interrupted
     results: dict = dataclasses.field(default_factory=dict)
     exit_codes: dict = dataclasses.field(default_factory=dict)
     failures: dict = dataclasses.field(default_factory=dict)
@@ -77,7 +77,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
-                      timeout=None):
+                      timeout=None, debug=None, config_file=None):
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
 
     Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
@@ -88,8 +88,13 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
       args with cloudpickle; it prints one line saying which and why. ``"fork"``/``"spawn"`` force it.
     - ``device``: ``"auto"`` (CUDA GPUs if any, one rank per GPU, else CPU), ``"cpu"``, ``"cuda"``, ``"xla"``.
     - ``backend``: ``"auto"`` (nccl on CUDA, gloo on CPU) or a torch.distributed backend name.
-    - ``timeout``: seconds; a run still going after it is stopped and a ``LaunchTimeoutError`` shows every
-      rank's Python stacks at that moment.
+    - ``timeout``: seconds; a run still going after it, or a rank waiting in one collective longer than it, is
+      stopped and a ``LaunchTimeoutError`` shows where every rank was (collective, call site, Python stacks).
+      Without a timeout, a hang where a rank finished while others wait in a collective is still diagnosed.
+    - ``debug``: debug mode (see ``notebook_launcher.ops``): every collective first checks that the ranks agree
+      on operation, shapes and dtypes and raises ``DistributedOperationException`` at once if not. None (the
+      default) follows ``ACCELERATE_DEBUG_MODE``, else ``debug:`` in ``config_file`` (else
+      ``ACCELERATE_CONFIG_FILE``, else Accelerate's default config file); False turns it off whatever they say.
 
     Each worker gets MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     ACCELERATE_MIXED_PRECISION (and ACCELERATE_USE_CPU on CPU), and an initialized default process group, so
@@ -119,7 +124,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     plan = planning.make_plan(
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
-        start_method, device, backend, timeout)
+        start_method, device, backend, timeout, debug, config_file)
     payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers else b""
     log = RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
@@ -187,7 +192,7 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         tracker = FailureTracker()
         in_order = InOrderRelease([plan.global_rank(local) for local in range(plan.num_processes)], display.show)
         supervisor = Supervisor(plan, on_event, payload_path, on_tick=in_order.release,
-                                store_listen_fd=reservation.fileno() if reservation else -1)
+                                store_listen_fd=reservation.fileno() if reservation else -1, progress_dir=run.run_dir)
         run.status = "running"
         try:  # once started, rank 0 has its own copy of the listening socket
             supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
@@ -197,6 +202,10 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             supervisor.close()
             in_order.release(everything=True)
         ranks = [worker.rank for worker in supervisor.workers]
+        if supervisor.stop_reason == "hang":
+            run.status = "hung"
+            raise LaunchTimeoutError(hang_message(supervisor.hang, tracker, supervisor.stack_dump_seq, plan.timeout,
+                                                  run.run_dir), run)
         if supervisor.stop_reason == "timeout":
             run.status = "timed out"
             raise LaunchTimeoutError(

@@ -13,6 +13,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from .events import TRUE_VALUES
+
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHOD_CHOICES = ("auto", "fork", "spawn")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "xla")
@@ -50,6 +52,7 @@ class LaunchPlan:
     rdzv_id: str
     cpu_threads: int
     port_note: str = ""
+    debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
 
     @property
     def runs_in_kernel(self) -> bool:
@@ -80,6 +83,8 @@ class LaunchPlan:
             "NODE_RANK": str(self.node_rank),
             "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
         }
+        if self.debug is not None:
+            env["ACCELERATE_DEBUG_MODE"] = "true" if self.debug else "false"  # Accelerate reads it too
         if self.device == "cpu":
             env["ACCELERATE_USE_CPU"] = "true"
             if self.cpu_threads:
@@ -102,7 +107,8 @@ class LaunchArgumentError(ValueError):
 
 def make_plan(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
               rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
-              log_line_prefix_template, start_method, device, backend, timeout) -> LaunchPlan:
+              log_line_prefix_template, start_method, device, backend, timeout, debug=None,
+              config_file=None) -> LaunchPlan:
     """Check every argument and decide device, backend, start method and port."""
     if not callable(function):
         raise TypeError(f"function must be callable (the training function to run on every rank), "
@@ -125,6 +131,7 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
     monitor_interval = _positive_number("monitor_interval", monitor_interval)
     if timeout is not None:
         timeout = _positive_number("timeout", timeout)
+    debug = resolve_debug(debug, config_file)
     if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
         raise TypeError(f"rdzv_conf must be a dict or None, got {type(rdzv_conf).__name__}")
     if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
@@ -166,7 +173,42 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
+        debug=debug,
     )
+
+
+def accelerate_default_config_file() -> str:
+    """Where ``accelerate config`` writes its default file."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(hf_home, "accelerate", "default_config.yaml")
+
+
+def resolve_debug(debug, config_file) -> bool | None:
+    """debug=True/False decides; else ACCELERATE_DEBUG_MODE in the kernel; else ``debug:`` in the config file
+    (``config_file``, else ACCELERATE_CONFIG_FILE, else Accelerate's default file when it exists); else None."""
+    if debug is not None:
+        if not isinstance(debug, bool):
+            raise TypeError(f"debug must be True, False or None, got {type(debug).__name__}: {debug!r}")
+        return debug
+    if config_file is not None and not os.path.isfile(config_file):
+        raise LaunchArgumentError(f"config_file={config_file!r} does not exist; give the path of an Accelerate "
+                                  "config YAML (as written by `accelerate config`) or leave it out")
+    environment = os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower()
+    if environment:
+        return environment in TRUE_VALUES
+    path = config_file or os.environ.get("ACCELERATE_CONFIG_FILE") or accelerate_default_config_file()
+    if not os.path.isfile(path):
+        return None
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as config:
+            settings = yaml.safe_load(config) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise LaunchArgumentError(f"the Accelerate config file {path} cannot be read: {exc}") from exc
+    value = settings.get("debug") if isinstance(settings, dict) else None
+    return None if value is None else str(value).strip().lower() in TRUE_VALUES
 
 
 def _choice(name: str, value, choices) -> str:

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .failure import TRUNCATED_EVENT
-from .events import (EXIT, FAILURE, STATUS, STREAM, Event, FrameDecoder, LineSplitter, WorkerSpec,
+from .events import (EXIT, FAILURE, STATUS, STREAM, Event, ProgressRecord, FrameDecoder, LineSplitter, WorkerSpec,
                      event_from_frame)
 
 _PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
@@ -32,6 +32,7 @@ TERMINATE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.5
 EOF_WAIT_AFTER_EXIT_S = 1.0
 CLOSE_WAIT_S = 5.0
+HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
 
 
 @dataclass
@@ -60,8 +61,12 @@ class Supervisor:
     called after every wait of at most ``monitor_interval`` (for work that depends on time passing).
     """
 
-    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1):
+    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1,
+                 progress_dir: str = ""):
         self.plan = plan
+        self.progress_dir = progress_dir
+        self.progress: dict[int, ProgressRecord] = {}  # rank -> where it is (hang diagnosis)
+        self.hang: dict | None = None  # what the ranks were doing when a hang was diagnosed
         self.store_listen_fd = store_listen_fd
         self.on_event = on_event
         self.on_tick = on_tick or (lambda: None)
@@ -96,7 +101,8 @@ class Supervisor:
                 events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
                 parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
                 store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
-                explicit_store=self.store_listen_fd >= 0,
+                explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug,
+                progress_path=self._progress_path(worker.rank),
             )
             own_read_ends = [read for read, _ in pipes.values()]
             if self.store_listen_fd >= 0 and worker.rank != 0:
@@ -126,6 +132,13 @@ class Supervisor:
             self._splitters[(worker.rank, "stdout")] = LineSplitter()
             self._splitters[(worker.rank, "stderr")] = LineSplitter()
             self.workers.append(worker)
+
+    def _progress_path(self, rank: int) -> str:
+        if not self.progress_dir:
+            return ""
+        path = os.path.join(self.progress_dir, f"progress-{rank}.bin")
+        self.progress[rank] = ProgressRecord(path, create=True)
+        return path
 
     def _pipe(self) -> tuple[int, int]:
         read, write = os.pipe()
@@ -216,6 +229,7 @@ class Supervisor:
         self._handle_ready(wait_s)
         self._reap_all_without_pidfd()
         self.on_tick()
+        self._check_progress()
         now = time.monotonic()
         if deadline is not None and now >= deadline and self.stop_reason is None:
             self.stop_reason = "timeout"  # first: a rank killed by the dump signal is not "the failure"
@@ -225,6 +239,32 @@ class Supervisor:
         if self._kill_at is not None and now >= self._kill_at:
             self._signal_all(signal.SIGKILL)
             self._kill_at = None
+
+    def _check_progress(self) -> None:
+        """A hang: a rank has waited in one collective longer than ``timeout``, or for HANG_GRACE_S while
+        another rank has already finished (it will never join). Then every rank's place is recorded, its
+        Python stacks are collected, and the run is stopped."""
+        if self.stop_reason is not None or not self.progress:
+            return
+        now = time.monotonic()
+        done = {w.rank for w in self.workers if not w.alive} | self._finished_ranks
+        waits = [now - record["since"] for rank, record in self._records().items()
+                 if rank not in done and record["inside"]]
+        if not waits:
+            return
+        longest = max(waits)
+        if (done and longest >= HANG_GRACE_S) or (self.plan.timeout is not None and longest >= self.plan.timeout):
+            self.stop_reason = "hang"
+            records = self._records()
+            self.hang = {w.rank: {**records.get(w.rank, {}), "now": now,
+                                  "state": "finished" if w.rank in self._finished_ranks else
+                                  "exited" if not w.alive else "running"} for w in self.workers}
+            self.request_stack_dumps()
+            self._collect_for(STACK_DUMP_WAIT_S)
+            self.stop("hang")
+
+    def _records(self) -> dict[int, dict]:
+        return {rank: record.read() for rank, record in self.progress.items()}
 
     def _collect_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -398,6 +438,8 @@ class Supervisor:
                 os.close(worker.pidfd)
                 worker.pidfd = None
         self._selector.close()
+        for record in self.progress.values():
+            record.close()
         os.close(self._wake_read)
         os.close(self._wake_write)
 

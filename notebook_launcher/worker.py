@@ -28,7 +28,8 @@ import sys
 import time
 import traceback
 
-from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec, write_all
+from .events import (FAILURE, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter, ProgressRecord,
+                     WorkerSpec, write_all)
 from .logging import install_event_logging
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
@@ -148,6 +149,8 @@ def _run(spec: WorkerSpec, load_function) -> int:
         _forget_inherited_accelerate_state()
         _limit_cpu_threads(spec)
         process_group_up = _init_process_group(spec)
+        if process_group_up:
+            _install_collective_hooks(spec, events)
         events.emit(STATUS, {"state": "running"})
         result = function(*args)
         _report_result(events, result)
@@ -277,6 +280,18 @@ def _retarget_logging_handlers(previous_streams) -> None:
             if isinstance(handler, logging.StreamHandler) and id(stream) in previous_ids:
                 # assigned, not setStream(): that would flush the kernel's stream object from the child
                 handler.stream = sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr
+
+
+def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
+    """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
+    checks that all ranks agree before it runs."""
+    from . import triggers
+    from .ops import install_collective_hooks
+
+    progress = ProgressRecord(spec.progress_path) if spec.progress_path else None
+    install_collective_hooks(spec.debug, on_mismatch=lambda data: events.emit(SHAPE_MISMATCH, data),
+                             progress=progress)
+    triggers._on_trigger = lambda data: events.emit(TRIGGER, data)
 
 
 def _forget_inherited_accelerate_state() -> None:

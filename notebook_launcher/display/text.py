@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import EXIT, FAILURE, LAUNCHER, LOG, STREAM, Event
+from ..events import EXIT, FAILURE, LAUNCHER, LOG, STREAM, TRIGGER, Event
 
 
 class TextDisplay:
@@ -46,6 +46,9 @@ class TextDisplay:
             self._write("stderr", f"{prefix}failed: {event.data.get('type')}: {first_line}\n")
         elif event.kind == EXIT and event.data.get("signal_name") and not event.data.get("stopped_by_launcher"):
             self._write("stderr", f"{prefix}killed by {event.data['signal_name']}\n")
+        elif event.kind == TRIGGER:
+            self._write("stdout", f"{prefix}set_trigger() at {event.data.get('call_site')}: the next "
+                                  "check_trigger() returns True on every rank\n")
         elif event.kind == LAUNCHER:
             self._write("stdout", f"notebook_launcher: {event.data.get('text', '')}\n")
 

@@ -1,0 +1,337 @@
+"""Collectives for training code, and debug mode: ranks that disagree fail at once instead of hanging.
+
+``gather``, ``gather_object``, ``broadcast``, ``broadcast_object_list``, ``reduce`` and ``pad_across_processes``
+work like Accelerate's, in our workers and in any process group (torchrun included).
+
+Debug mode (``notebook_launcher(..., debug=True)``, or ``ACCELERATE_DEBUG_MODE`` set to 1/true/yes/on/y/t, or
+``debug: true`` in an Accelerate config file) checks before every collective that all ranks agree on the
+operation, the shapes and the dtypes. The check is one small fixed-size all_gather of integers (no pickling). On
+disagreement every rank raises ``DistributedOperationException`` at once, with the message users of Accelerate
+know::
+
+    Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid.
+
+    Operation: `notebook_launcher.ops.broadcast`
+    Input shapes:
+      - Process 0: [1, 5]
+      - Process 1: [1, 2, 5]
+
+In a launched worker the raw ``torch.distributed`` collectives are checked too (so Accelerate's own ops and
+library code are covered), and each collective records where the rank is (for hang diagnosis), debug mode or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+
+from .events import TRUE_VALUES
+
+MAX_DIMS = 8
+_HEADER = 4  # op code, dtype code, ndim, (reserved)
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
+           torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+
+# The raw collectives checked in debug mode: (name of the tensor argument or None, what must agree)
+#   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
+RAW_COLLECTIVES = {
+    "all_reduce": ("tensor", "shape"),
+    "all_gather": ("tensor", "shape"),
+    "all_gather_into_tensor": ("input_tensor", "shape"),
+    "all_gather_single": ("input_tensor", "shape"),
+    "reduce_scatter_single": ("input", "shape"),
+    "broadcast": ("tensor", "shape"),
+    "reduce": ("tensor", "shape"),
+    "gather": ("tensor", "shape"),
+    "scatter": ("tensor", "shape"),
+    "reduce_scatter": ("output", "shape"),
+    "reduce_scatter_tensor": ("input", "shape"),
+    "all_to_all_single": ("input", "shape"),
+    "all_gather_object": (None, "op"),
+    "broadcast_object_list": ("object_list", "op"),
+    "barrier": (None, "op"),
+}
+_OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES] + [
+    f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
+                                                 "reduce", "pad_across_processes")] + [
+    "notebook_launcher.check_trigger"]
+
+RAW_COLLECTIVES = {name: how for name, how in RAW_COLLECTIVES.items() if hasattr(dist, name)}  # torch version
+_raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES}
+_gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
+_forced_debug: bool | None = None  # set by the launcher in its workers (debug=True/False); None: the environment
+_state = threading.local()  # .inside: a collective is in progress on this thread (nested calls are not checked)
+_on_mismatch = None  # worker side: reports a mismatch to the kernel as an event
+_progress = None  # worker side: the rank's progress record (hang diagnosis)
+
+
+class DistributedOperationException(Exception):
+    """Ranks called a collective with different shapes, dtypes or operations (raised on every rank)."""
+
+
+def debug_mode_enabled() -> bool:
+    if _forced_debug is not None:
+        return _forced_debug
+    return os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in TRUE_VALUES
+
+
+# -- the public ops ----------------------------------------------------------------------------------------------
+def gather(tensor):
+    """Every rank's ``tensor`` concatenated along the first dimension (nested lists/tuples/dicts too)."""
+    if isinstance(tensor, (list, tuple)):
+        return type(tensor)(gather(item) for item in tensor)
+    if isinstance(tensor, dict):
+        return type(tensor)({key: gather(item) for key, item in tensor.items()})
+    if not _distributed():
+        return tensor
+    with _collective("notebook_launcher.ops.gather", tensor, "shape"):
+        if tensor.ndim == 0:
+            tensor = tensor[None]
+        output = torch.empty((dist.get_world_size() * tensor.shape[0],) + tuple(tensor.shape[1:]),
+                             dtype=tensor.dtype, device=tensor.device)
+        _gather_flat(output, tensor.contiguous())
+        return output
+
+
+def gather_object(obj):
+    """Every rank's ``obj`` (lists are flattened, as in Accelerate)."""
+    if not _distributed():
+        return obj if isinstance(obj, list) else [obj]
+    with _collective("notebook_launcher.ops.gather_object", None, "op"):
+        gathered = [None] * dist.get_world_size()
+        _raw["all_gather_object"](gathered, obj)
+    if all(isinstance(item, list) for item in gathered):
+        return [element for item in gathered for element in item]
+    return gathered
+
+
+def broadcast(tensor, from_process: int = 0):
+    """``tensor`` from rank ``from_process`` on every rank (in place; also returned)."""
+    if isinstance(tensor, (list, tuple)):
+        return type(tensor)(broadcast(item, from_process) for item in tensor)
+    if isinstance(tensor, dict):
+        return type(tensor)({key: broadcast(item, from_process) for key, item in tensor.items()})
+    if not _distributed():
+        return tensor
+    with _collective("notebook_launcher.ops.broadcast", tensor, "shape"):
+        _raw["broadcast"](tensor, src=from_process)
+    return tensor
+
+
+def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
+    """The list of rank ``from_process`` on every rank (in place; also returned)."""
+    if not _distributed():
+        return object_list
+    with _collective("notebook_launcher.ops.broadcast_object_list", object_list, "op"):
+        _raw["broadcast_object_list"](object_list, src=from_process)
+    return object_list
+
+
+def reduce(tensor, reduction: str = "sum", scale: float = 1.0):
+    """A new tensor with ``tensor`` reduced over the ranks: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``."""
+    operations = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                  "min": dist.ReduceOp.MIN}
+    if reduction not in operations:
+        raise ValueError(f"reduction={reduction!r} is not one of 'sum', 'mean', 'max', 'min'")
+    if isinstance(tensor, (list, tuple)):
+        return type(tensor)(reduce(item, reduction, scale) for item in tensor)
+    if isinstance(tensor, dict):
+        return type(tensor)({key: reduce(item, reduction, scale) for key, item in tensor.items()})
+    result = tensor.clone()
+    if _distributed():
+        with _collective("notebook_launcher.ops.reduce", tensor, "shape"):
+            _raw["all_reduce"](result, op=operations[reduction])
+        if reduction == "mean":
+            result = result / dist.get_world_size()
+    return result * scale if scale != 1.0 else result
+
+
+def pad_across_processes(tensor, dim: int = 0, pad_index=0, pad_first: bool = False):
+    """``tensor`` padded along ``dim`` to the largest size any rank has, so it can be gathered."""
+    if isinstance(tensor, (list, tuple)):
+        return type(tensor)(pad_across_processes(item, dim, pad_index, pad_first) for item in tensor)
+    if isinstance(tensor, dict):
+        return type(tensor)({key: pad_across_processes(item, dim, pad_index, pad_first)
+                             for key, item in tensor.items()})
+    if not _distributed() or dim >= tensor.ndim or dim < -tensor.ndim:
+        return tensor
+    with _collective("notebook_launcher.ops.pad_across_processes", tensor, "dtype"):
+        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        _raw["all_reduce"](size, op=dist.ReduceOp.MAX)
+    largest = int(size.item())
+    if largest == tensor.shape[dim]:
+        return tensor
+    new_shape = list(tensor.shape)
+    new_shape[dim] = largest
+    padded = tensor.new_full(new_shape, pad_index)
+    index = [slice(None)] * tensor.ndim
+    index[dim] = slice(largest - tensor.shape[dim], largest) if pad_first else slice(0, tensor.shape[dim])
+    padded[tuple(index)] = tensor
+    return padded
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+# -- the check ---------------------------------------------------------------------------------------------------
+class _collective:
+    """Around one collective: records progress, checks agreement in debug mode, marks nested calls."""
+
+    def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None):
+        self.operation, self.subject, self.rule, self.group, self.site = operation, subject, rule, group, site
+
+    def __enter__(self):
+        self.outer = not getattr(_state, "inside", False)
+        if not self.outer:
+            return self
+        _state.inside = True
+        site = self.site or call_site()
+        if _progress is not None:
+            _progress.enter(self.operation.rsplit(".", 1)[-1], site)
+        try:
+            if debug_mode_enabled():
+                check_agreement(self.operation, self.subject, self.rule, self.group, site)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.outer:
+            _state.inside = False
+            if _progress is not None:
+                _progress.leave()
+        return False
+
+
+def check_agreement(operation: str, subject, rule: str, group=None, site: str = "") -> None:
+    """One all_gather of a fixed-size integer row per rank; raises DistributedOperationException on every rank
+    if the rows differ."""
+    world_size = dist.get_world_size(group)
+    row = _signature(operation, subject, rule)
+    device = _check_device(subject)
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    table = torch.empty(world_size * len(row), dtype=torch.int64, device=device)
+    _gather_flat(table, mine, group=group)
+    flat = table.cpu().tolist()
+    rows = [flat[rank * len(row):(rank + 1) * len(row)] for rank in range(world_size)]
+    operations = {r[0] for r in rows}
+    if len(operations) == 1 and (rule == "op" or all(r[1:] == rows[0][1:] for r in rows)):
+        return
+    sites = [None] * world_size
+    _raw["all_gather_object"](sites, site, group=group)  # the slow path: we are about to fail anyway
+    if len(operations) > 1:
+        message = _operation_mismatch_message(rows, sites)
+    else:
+        message = _shape_mismatch_message(operation, rows, sites, rule)
+    if _on_mismatch is not None and dist.get_rank(group) == 0:
+        _on_mismatch({
+            "operation": operation if len(operations) == 1 else None,
+            "operations": [_OPERATIONS[r[0]] for r in rows],
+            "shapes": [_shape_of(r) for r in rows], "dtypes": [_dtype_of(r) for r in rows],
+            "call_sites": sites, "message": message})
+    raise DistributedOperationException(message)
+
+
+def _signature(operation: str, subject, rule: str) -> list[int]:
+    row = [_OPERATIONS.index(operation), -1, -1, 0] + [-1] * MAX_DIMS
+    if isinstance(subject, torch.Tensor):
+        row[1] = _DTYPES.index(subject.dtype) if subject.dtype in _DTYPES else len(_DTYPES)
+        if rule == "shape":
+            row[2] = subject.ndim
+            for index, size in enumerate(subject.shape[:MAX_DIMS]):
+                row[_HEADER + index] = size
+    elif isinstance(subject, list):
+        row[2] = 1
+        row[_HEADER] = len(subject)
+    return row
+
+
+def _check_device(subject):
+    if isinstance(subject, torch.Tensor) and subject.device.type != "cpu":
+        return subject.device
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _shape_of(row: list[int]) -> list[int] | None:
+    if row[2] < 0:
+        return None
+    return row[_HEADER:_HEADER + min(row[2], MAX_DIMS)]
+
+
+def _dtype_of(row: list[int]) -> str | None:
+    if row[1] < 0:
+        return None
+    return str(_DTYPES[row[1]]).replace("torch.", "") if row[1] < len(_DTYPES) else "other"
+
+
+def _shape_mismatch_message(operation: str, rows, sites, rule: str) -> str:
+    lines = ["Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid.",
+             "", f"Operation: `{operation}`", "Input shapes:"]
+    lines += [f"  - Process {rank}: {_shape_of(row)}" for rank, row in enumerate(rows)]
+    if len({row[1] for row in rows}) > 1:
+        lines += ["Input dtypes:"] + [f"  - Process {rank}: {_dtype_of(row)}" for rank, row in enumerate(rows)]
+    lines += ["Call sites:"] + [f"  - Process {rank}: {site}" for rank, site in enumerate(sites)]
+    return "\n".join(lines)
+
+
+def _operation_mismatch_message(rows, sites) -> str:
+    lines = ["Cannot apply desired operation: the processes called different collective operations at the same "
+             "point, so they would wait on each other forever.", "", "Operations:"]
+    lines += [f"  - Process {rank}: {_OPERATIONS[row[0]]} at {sites[rank]}" for rank, row in enumerate(rows)]
+    return "\n".join(lines)
+
+
+def call_site() -> str:
+    """file:line in function of the first frame outside torch and this package: the user's line."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith(_OWN_DIR) or filename.startswith(_TORCH_DIR) or "/accelerate/" in filename
+                or filename.startswith("<frozen")):
+            return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
+
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+# -- the raw collectives in a worker -----------------------------------------------------------------------------
+def install_collective_hooks(debug: bool | None, on_mismatch=None, progress=None) -> None:
+    """In a launched worker: wrap torch.distributed's collectives so that each records the rank's progress and,
+    in debug mode, checks agreement first. ``debug`` True/False overrides the environment; None reads it."""
+    global _forced_debug, _on_mismatch, _progress
+    _forced_debug, _on_mismatch, _progress = debug, on_mismatch, progress
+    for name, (argument, rule) in RAW_COLLECTIVES.items():
+        setattr(dist, name, _wrapped(name, _raw[name], argument, rule))
+
+
+def _wrapped(name: str, original, argument: str | None, rule: str):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def collective(*args, **kwargs):
+        if getattr(_state, "inside", False):
+            return original(*args, **kwargs)
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        subject = bound.get(argument) if argument else None
+        if name == "all_to_all_single" and (bound.get("input_split_sizes") or bound.get("output_split_sizes")):
+            rule_here = "dtype"  # uneven splits: shapes may differ by design
+        else:
+            rule_here = rule
+        with _collective(f"torch.distributed.{name}", subject, rule_here, bound.get("group")):
+            return original(*args, **kwargs)
+
+    return collective
