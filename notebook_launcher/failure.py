@@ -185,25 +185,11 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracke
     return "\n".join(lines)
 
 
-def timeout_message(timeout: float, tracker: FailureTracker, ranks: list[int], stack_dump_seq: dict[int, int],
-                    run_dir: str) -> str:
-    lines = [f"The run did not finish within timeout={timeout:g} s, so every rank was stopped."]
-    for rank in ranks:
-        lines += ["", f"rank {rank}: {tracker.last_state(rank)}"]
-        since = stack_dump_seq.get(rank)
-        if since is None:
-            continue
-        dump = tracker.stderr_since(rank, since)
-        if dump:
-            lines += [f"  Python stacks of rank {rank} at the timeout:"] + [f"    {text}" for text in dump]
-    lines += ["", f"Run log: {run_dir}"]
-    return "\n".join(lines)
-
-
 def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq: dict[int, int],
-                 timeout: float | None, run_dir: str) -> str:
+                 timeout: float | None, run_dir: str, timed_out: bool = False) -> str:
     """Which rank diverged, then where every rank was: its collective (name, number, call site, how long) or
-    that it had finished, and its Python stacks."""
+    that it had finished, and its Python stacks. ``timed_out``: the whole run went past ``timeout``."""
+    lines = [f"The run did not finish within timeout={timeout:g} s, so every rank was stopped."] if timed_out else []
     waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")}
     others = {rank: info for rank, info in hang.items() if rank not in waiting}
     if others:
@@ -222,7 +208,8 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
         else:
             headline = (f"The ranks stopped making progress: every rank has waited in the same collective for more "
                         f"than timeout={timeout:g} s." if timeout else "The ranks stopped making progress.")
-    lines = [headline]
+    if not timed_out or any(info.get("inside") for info in waiting.values()):
+        lines.append(headline)
     for rank in sorted(hang):
         lines += ["", f"rank {rank}: {_place(hang[rank])}"]
         waiting_or_busy = hang[rank].get("state") == "running"

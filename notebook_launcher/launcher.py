@@ -12,7 +12,7 @@ from .display import TextDisplay
 from .events import EXIT, LAUNCHER, LOG, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
 from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
-                      hang_message, root_cause, timeout_message)
+                      hang_message, root_cause)
 from .supervisor import Supervisor
 
 _MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
@@ -202,14 +202,10 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             supervisor.close()
             in_order.release(everything=True)
         ranks = [worker.rank for worker in supervisor.workers]
-        if supervisor.stop_reason == "hang":
-            run.status = "hung"
-            raise LaunchTimeoutError(hang_message(supervisor.hang, tracker, supervisor.stack_dump_seq, plan.timeout,
-                                                  run.run_dir), run)
-        if supervisor.stop_reason == "timeout":
-            run.status = "timed out"
-            raise LaunchTimeoutError(
-                timeout_message(plan.timeout, tracker, ranks, supervisor.stack_dump_seq, run.run_dir), run)
+        if supervisor.stop_reason in ("hang", "timeout"):
+            run.status = "hung" if supervisor.stop_reason == "hang" else "timed out"
+            raise LaunchTimeoutError(hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq,
+                                                  plan.timeout, run.run_dir, supervisor.stop_reason == "timeout"), run)
         failures = tracker.failures()
         if not failures and supervisor.stop_reason is None:
             run.status = "finished"

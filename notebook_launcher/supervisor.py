@@ -32,6 +32,7 @@ TERMINATE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.5
 EOF_WAIT_AFTER_EXIT_S = 1.0
 CLOSE_WAIT_S = 5.0
+PEER_REPORT_GRACE_S = 1.0  # how long the others may take to raise an error that every rank raises
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
 
 
@@ -66,7 +67,7 @@ class Supervisor:
         self.plan = plan
         self.progress_dir = progress_dir
         self.progress: dict[int, ProgressRecord] = {}  # rank -> where it is (hang diagnosis)
-        self.hang: dict | None = None  # what the ranks were doing when a hang was diagnosed
+        self.snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
         self.store_listen_fd = store_listen_fd
         self.on_event = on_event
         self.on_tick = on_tick or (lambda: None)
@@ -82,6 +83,7 @@ class Supervisor:
         self._eof_deadline: float | None = None
         self._finished_ranks: set[int] = set()
         self._reported_failure: set[int] = set()  # ranks exiting on their own after reporting an exception
+        self._stop_at: float | None = None  # a failure every rank raises: stop when all reported, or then
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -224,18 +226,18 @@ class Supervisor:
         now = time.monotonic()
         if deadline is not None and self.stop_reason is None:
             wait_s = min(wait_s, max(0.0, deadline - now))
-        if self._kill_at is not None:
-            wait_s = min(wait_s, max(0.0, self._kill_at - now))
+        for moment in (self._kill_at, self._stop_at):
+            if moment is not None:
+                wait_s = min(wait_s, max(0.0, moment - now))
         self._handle_ready(wait_s)
         self._reap_all_without_pidfd()
         self.on_tick()
         self._check_progress()
         now = time.monotonic()
+        if self._stop_at is not None and self.stop_reason is None and now >= self._stop_at:
+            self.stop("failure")
         if deadline is not None and now >= deadline and self.stop_reason is None:
-            self.stop_reason = "timeout"  # first: a rank killed by the dump signal is not "the failure"
-            self.request_stack_dumps()
-            self._collect_for(STACK_DUMP_WAIT_S)
-            self.stop("timeout")
+            self._stop_with_diagnosis("timeout")
         if self._kill_at is not None and now >= self._kill_at:
             self._signal_all(signal.SIGKILL)
             self._kill_at = None
@@ -254,14 +256,19 @@ class Supervisor:
             return
         longest = max(waits)
         if (done and longest >= HANG_GRACE_S) or (self.plan.timeout is not None and longest >= self.plan.timeout):
-            self.stop_reason = "hang"
-            records = self._records()
-            self.hang = {w.rank: {**records.get(w.rank, {}), "now": now,
+            self._stop_with_diagnosis("hang")
+
+    def _stop_with_diagnosis(self, reason: str) -> None:
+        """Record where every rank is (collective, call site, state), collect its Python stacks, then stop."""
+        self.stop_reason = reason  # first: a rank killed by the dump signal is not "the failure"
+        now = time.monotonic()
+        records = self._records()
+        self.snapshot = {w.rank: {**records.get(w.rank, {}), "now": now,
                                   "state": "finished" if w.rank in self._finished_ranks else
                                   "exited" if not w.alive else "running"} for w in self.workers}
-            self.request_stack_dumps()
-            self._collect_for(STACK_DUMP_WAIT_S)
-            self.stop("hang")
+        self.request_stack_dumps()
+        self._collect_for(STACK_DUMP_WAIT_S)
+        self.stop(reason)
 
     def _records(self) -> dict[int, dict]:
         return {rank: record.read() for rank, record in self.progress.items()}
@@ -336,7 +343,16 @@ class Supervisor:
     def _deliver(self, event: Event) -> None:
         self.on_event(event)
         if self.stop_reason is None and self._is_fatal(event):
+            if event.data.get("all_ranks_raise") and not self._everyone_reported():
+                deadline = time.monotonic() + PEER_REPORT_GRACE_S  # the others are raising the same error
+                self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
+            else:
+                self.stop("failure")
+        elif self._stop_at is not None and self.stop_reason is None and self._everyone_reported():
             self.stop("failure")
+
+    def _everyone_reported(self) -> bool:
+        return all(w.rank in self._reported_failure or not w.alive for w in self.workers)
 
     def _is_fatal(self, event: Event) -> bool:
         """A rank that raised, or that exited without finishing its function (any exit code), ends the run."""
