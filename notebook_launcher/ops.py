@@ -34,6 +34,8 @@ import torch.distributed as dist
 from .events import TRUE_VALUES
 
 MAX_DIMS = 8
+CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
+_CARRY_SPACE = [0] * (CARRY_BYTES // 8)
 _HEADER = 4  # op code, dtype code, ndim, (reserved)
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
@@ -91,7 +93,9 @@ def gather(tensor):
         return type(tensor)({key: gather(item) for key, item in tensor.items()})
     if not _distributed():
         return tensor
-    with _collective("notebook_launcher.ops.gather", tensor, "shape"):
+    with _collective("notebook_launcher.ops.gather", tensor, "shape", carry=True) as exchange:
+        if exchange.carried is not None:  # debug mode: the tensors came with the check, in the same round
+            return torch.cat([piece.reshape(1) if piece.ndim == 0 else piece for piece in exchange.carried])
         if tensor.ndim == 0:
             tensor = tensor[None]
         output = torch.empty((dist.get_world_size() * tensor.shape[0],) + tuple(tensor.shape[1:]),
@@ -183,10 +187,17 @@ def _distributed() -> bool:
 
 # -- the check ---------------------------------------------------------------------------------------------------
 class _collective:
-    """Around one collective: records progress, checks agreement in debug mode, marks nested calls."""
+    """Around one collective: records progress, checks agreement in debug mode, marks nested calls.
 
-    def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None):
+    ``carry``: the caller can finish the operation from every rank's tensor, so in debug mode a small tensor
+    travels with the check (``.carried``: one tensor per rank) and the operation costs no second round.
+    """
+
+    def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None,
+                 carry: bool = False):
         self.operation, self.subject, self.rule, self.group, self.site = operation, subject, rule, group, site
+        self.carry = carry
+        self.carried = None
 
     def __enter__(self):
         self.outer = not getattr(_state, "inside", False)
@@ -198,7 +209,8 @@ class _collective:
             _progress.enter(self.operation.rsplit(".", 1)[-1], site)
         try:
             if debug_mode_enabled():
-                check_agreement(self.operation, self.subject, self.rule, self.group, site)
+                self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
+                                               carry=self.carry)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -212,20 +224,35 @@ class _collective:
         return False
 
 
-def check_agreement(operation: str, subject, rule: str, group=None, site: str = "") -> None:
+def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False):
     """One all_gather of a fixed-size integer row per rank; raises DistributedOperationException on every rank
-    if the rows differ."""
+    if the rows differ.
+
+    With ``carry`` and a small tensor (up to CARRY_BYTES), the row also carries the tensor's bytes, and the
+    list of every rank's tensor is returned; otherwise None.
+    """
     world_size = dist.get_world_size(group)
     row = _signature(operation, subject, rule)
+    nbytes = subject.numel() * subject.element_size() if isinstance(subject, torch.Tensor) else 0
+    carried = carry and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
+    mine = torch.tensor(row + _CARRY_SPACE, dtype=torch.int64)  # the same size on every rank: fixed
+    if carried and nbytes:
+        data = subject.detach().reshape(-1).contiguous().cpu()
+        mine[len(row):].view(torch.uint8)[:nbytes] = data.view(torch.uint8)
     device = _check_device(subject)
-    mine = torch.tensor(row, dtype=torch.int64, device=device)
-    table = torch.empty(world_size * len(row), dtype=torch.int64, device=device)
-    _gather_flat(table, mine, group=group)
-    flat = table.cpu().tolist()
-    rows = [flat[rank * len(row):(rank + 1) * len(row)] for rank in range(world_size)]
+    mine = mine.to(device)
+    table = torch.empty((world_size, mine.numel()), dtype=torch.int64, device=device)
+    _gather_flat(table.view(-1), mine, group=group)
+    heads = table[:, :len(row)].cpu()
+    agreed = torch.equal(heads[:, 0], heads[0, 0].expand(world_size)) and (
+        rule == "op" or torch.equal(heads, heads[0].expand_as(heads)))
+    if agreed:
+        if not carried:
+            return None
+        every = table[:, len(row):].view(torch.uint8)[:, :nbytes].view(subject.dtype)
+        return list(every.view((world_size,) + tuple(subject.shape)).unbind(0))
+    rows = heads.tolist()
     operations = {r[0] for r in rows}
-    if len(operations) == 1 and (rule == "op" or all(r[1:] == rows[0][1:] for r in rows)):
-        return
     sites = [None] * world_size
     _raw["all_gather_object"](sites, site, group=group)  # the slow path: we are about to fail anyway
     if len(operations) > 1:
@@ -331,7 +358,33 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
             rule_here = "dtype"  # uneven splits: shapes may differ by design
         else:
             rule_here = rule
-        with _collective(f"torch.distributed.{name}", subject, rule_here, bound.get("group")):
+        carry = name in _FINISHED_FROM_CARRIED and not bound.get("async_op") and (
+            name != "all_reduce" or bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS)
+        with _collective(f"torch.distributed.{name}", subject, rule_here, bound.get("group"),
+                         carry=carry) as exchange:
+            if exchange.carried is not None:
+                return _finish_from_carried(name, bound, exchange.carried)
             return original(*args, **kwargs)
 
     return collective
+
+
+_LOCAL_REDUCTIONS = {dist.ReduceOp.SUM: lambda stacked: stacked.sum(0),
+                     dist.ReduceOp.MAX: lambda stacked: stacked.amax(0),
+                     dist.ReduceOp.MIN: lambda stacked: stacked.amin(0),
+                     dist.ReduceOp.PRODUCT: lambda stacked: stacked.prod(0)}
+_FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single")
+
+
+def _finish_from_carried(name: str, bound: dict, carried: list) -> None:
+    """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
+    if name == "all_reduce":
+        tensor = bound["tensor"]
+        reduced = _LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](torch.stack(carried))
+        tensor.copy_(reduced.to(tensor.dtype))
+    elif name == "all_gather":
+        for target, piece in zip(bound["tensor_list"], carried):
+            target.copy_(piece)
+    else:
+        bound["output_tensor"].view(-1).copy_(torch.cat([piece.reshape(-1) for piece in carried]))
+    return None

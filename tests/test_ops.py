@@ -278,3 +278,39 @@ def test_ops_work_under_torchrun(tmp_path):
     assert completed.returncode == 0, completed.stderr
     for rank in (0, 1):
         assert (tmp_path / f"out-{rank}.txt").read_text() == "gathered [0, 1] sum 2.0"
+
+
+def raw_collectives():
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for name, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN),
+                     ("product", dist.ReduceOp.PRODUCT)):
+        tensor = torch.tensor([rank + 1.0, 2.0 * rank])
+        dist.all_reduce(tensor, op=op)
+        results[name] = tensor.tolist()
+    integers = torch.tensor([rank + 1], dtype=torch.int64)
+    dist.all_reduce(integers)
+    results["int_sum"] = integers.tolist()
+    gathered = [torch.empty(2, dtype=torch.bfloat16) for _ in range(world)]
+    dist.all_gather(gathered, torch.full((2,), float(rank), dtype=torch.bfloat16))
+    results["all_gather"] = [t.float().tolist() for t in gathered]
+    output = torch.empty(world * 3)  # gloo wants the flat form
+    dist.all_gather_into_tensor(output, torch.full((3,), float(rank)))
+    results["into_tensor"] = output.view(world, 3).tolist()
+    big = torch.full((1000,), float(rank))  # larger than what travels with the check: a second round
+    dist.all_reduce(big)
+    results["big"] = big[:2].tolist()
+    return results
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_raw_collectives_give_the_same_values_with_and_without_debug_mode(debug):
+    notebook_launcher(raw_collectives, num_processes=3, device="cpu", debug=debug)
+    for result in last_run().results.values():
+        assert result["sum"] == [6.0, 6.0] and result["max"] == [3.0, 4.0] and result["min"] == [1.0, 0.0]
+        assert result["product"] == [6.0, 0.0] and result["int_sum"] == [6]
+        assert result["all_gather"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+        assert result["into_tensor"] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+        assert result["big"] == [3.0, 3.0]
