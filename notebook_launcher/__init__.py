@@ -7,6 +7,7 @@
 from .failure import LaunchTimeoutError, RankFailedError
 from .launcher import Run, last_run, notebook_launcher
 from .logging import get_logger
+from .memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
 from .ops import DistributedOperationException
 from .triggers import check_trigger, set_trigger
 from .plan import LaunchArgumentError
@@ -19,9 +20,13 @@ __all__ = [
     "LaunchTimeoutError",
     "RankFailedError",
     "check_trigger",
+    "find_executable_batch_size",
+    "free_memory",
     "Run",
     "get_logger",
     "last_run",
     "notebook_launcher",
+    "release_memory",
     "set_trigger",
+    "should_reduce_batch_size",
 ]

@@ -28,6 +28,10 @@ Kinds of events
 ``shape_mismatch`` data: ``{"operation", "operations", "shapes", "dtypes", "call_sites", "message"}``: debug
              mode found ranks disagreeing on a collective (sent once, by rank 0; every rank then raises)
 ``trigger``  data: ``{"call_site"}``: this rank called set_trigger()
+``batch_size`` data: ``{"key", "batch_size"}``: find_executable_batch_size starts a try at this size
+``oom_retry`` data: ``{"key", "ranks", "batch_size", "new_batch_size", "error", "memory"}`` (made by the kernel):
+             rank(s) ran out of memory; every rank restarts at the new size. A rank's own report travels as
+             the ``oom_retry`` field of its ``failure`` event
 ``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
              ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
@@ -60,6 +64,8 @@ LAUNCHER = "launcher"
 LOG = "log"
 SHAPE_MISMATCH = "shape_mismatch"
 TRIGGER = "trigger"
+BATCH_SIZE = "batch_size"
+OOM_RETRY = "oom_retry"
 
 
 @dataclass
@@ -235,6 +241,7 @@ class WorkerSpec:
     store_listen_fd: int = -1  # rank 0 only: the kernel's listening socket for the TCPStore server
     debug: bool | None = None  # debug mode forced on/off; None: ACCELERATE_DEBUG_MODE decides at each call
     progress_path: str = ""  # the rank's progress record (see ProgressRecord)
+    memory_limit: int = 0  # bytes of address space the worker may use (RLIMIT_AS); 0: no limit
     explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
 
     def to_json(self) -> str:

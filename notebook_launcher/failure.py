@@ -46,6 +46,7 @@ class RankFailure:
     exit_code: int | None = None
     signal_name: str | None = None
     secondary: bool = False  # lost its connection to a rank that failed before it
+    oom_retry: dict | None = None  # ran out of memory in find_executable_batch_size: restart at a smaller size
     last_stderr: list = field(default_factory=list)
 
     @property
@@ -81,7 +82,8 @@ class FailureTracker:
             self._failures[rank] = RankFailure(
                 rank=rank, time=event.time, type=event.data.get("type", "Exception"),
                 message=event.data.get("message", ""), traceback=event.data.get("traceback", ""),
-                exit_code=event.data.get("exit_code"), secondary=bool(_LOST_PEER.search(text)))
+                exit_code=event.data.get("exit_code"), secondary=bool(_LOST_PEER.search(text)),
+                oom_retry=event.data.get("oom_retry"))
         elif event.kind == EXIT:
             self._exits[rank] = event.data
             failure = self._failures.get(rank)

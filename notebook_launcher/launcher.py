@@ -9,7 +9,7 @@ from typing import Any
 
 from . import plan as planning
 from .display import TextDisplay
-from .events import EXIT, LAUNCHER, LOG, RESULT, STREAM, Event, RunLog
+from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
 from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
                       hang_message, root_cause)
@@ -42,6 +42,8 @@ class Run:
     events: list = dataclasses.field(default_factory=list)
     events_dropped: int = 0
     attempts: int = 0
+    batch_sizes: dict = dataclasses.field(default_factory=dict)  # find_executable_batch_size: latest size per function
+    oom_retries: list = dataclasses.field(default_factory=list)  # each restart after an out-of-memory error
     started_at: float = dataclasses.field(default_factory=time.time)
     duration: float = 0.0
 
@@ -77,7 +79,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
-                      timeout=None, debug=None, config_file=None):
+                      timeout=None, debug=None, config_file=None, memory_limit=None):
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
 
     Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
@@ -95,6 +97,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
       on operation, shapes and dtypes and raises ``DistributedOperationException`` at once if not. None (the
       default) follows ``ACCELERATE_DEBUG_MODE``, else ``debug:`` in ``config_file`` (else
       ``ACCELERATE_CONFIG_FILE``, else Accelerate's default config file); False turns it off whatever they say.
+    - ``memory_limit``: bytes (or "3GB") of address space per worker: a worker over it fails with a clear
+      out-of-memory error (and ``find_executable_batch_size`` retries smaller, all ranks together).
 
     Each worker gets MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     ACCELERATE_MIXED_PRECISION (and ACCELERATE_USE_CPU on CPU), and an initialized default process group, so
@@ -124,7 +128,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     plan = planning.make_plan(
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
-        start_method, device, backend, timeout, debug, config_file)
+        start_method, device, backend, timeout, debug, config_file, memory_limit)
     payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers else b""
     log = RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
@@ -178,6 +182,8 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         in_order.push(event)
         if event.kind == RESULT:
             run.results[event.rank] = _unpickle_result(event)
+        elif event.kind == BATCH_SIZE:
+            run.batch_sizes[event.data["key"]] = event.data["batch_size"]
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
 
@@ -209,9 +215,18 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         failures = tracker.failures()
         if not failures and supervisor.stop_reason is None:
             run.status = "finished"
+            if run.oom_retries:
+                display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
             return run.result(0)
         cause = root_cause(failures)
         run.failures, run.root_cause = failures, cause
+        if cause.oom_retry:  # out of memory in find_executable_batch_size: all ranks again, at the smaller size
+            retry = _agreed_retry(failures)
+            run.oom_retries.append(retry)
+            plan = dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
+                                                          retry["key"]: retry["new_batch_size"]})
+            on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+            continue
         if restarts >= plan.max_restarts:
             run.status = "failed"
             raise RankFailedError(failure_message(cause, failures, tracker, ranks, run.run_dir), cause, failures,
@@ -220,6 +235,13 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
             "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
+
+
+def _agreed_retry(failures: dict) -> dict:
+    """One retry for all ranks that ran out of memory at this try: the smallest size any of them proposes."""
+    reports = {rank: failure.oom_retry for rank, failure in failures.items() if failure.oom_retry}
+    first = min(reports.items(), key=lambda item: item[1]["new_batch_size"])[1]
+    return {**first, "ranks": sorted(reports), "new_batch_size": min(r["new_batch_size"] for r in reports.values())}
 
 
 def _unpickle_result(event: Event):

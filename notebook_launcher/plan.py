@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -52,6 +54,8 @@ class LaunchPlan:
     rdzv_id: str
     cpu_threads: int
     port_note: str = ""
+    memory_limit: int = 0  # bytes per worker; 0: none
+    batch_sizes: dict | None = None  # find_executable_batch_size sizes agreed after an out-of-memory restart
     debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
 
     @property
@@ -85,6 +89,8 @@ class LaunchPlan:
         }
         if self.debug is not None:
             env["ACCELERATE_DEBUG_MODE"] = "true" if self.debug else "false"  # Accelerate reads it too
+        if self.batch_sizes:
+            env["NOTEBOOK_LAUNCHER_BATCH_SIZES"] = json.dumps(self.batch_sizes)
         if self.device == "cpu":
             env["ACCELERATE_USE_CPU"] = "true"
             if self.cpu_threads:
@@ -108,7 +114,7 @@ class LaunchArgumentError(ValueError):
 def make_plan(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
               rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
               log_line_prefix_template, start_method, device, backend, timeout, debug=None,
-              config_file=None) -> LaunchPlan:
+              config_file=None, memory_limit=None) -> LaunchPlan:
     """Check every argument and decide device, backend, start method and port."""
     if not callable(function):
         raise TypeError(f"function must be callable (the training function to run on every rank), "
@@ -132,6 +138,7 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
     if timeout is not None:
         timeout = _positive_number("timeout", timeout)
     debug = resolve_debug(debug, config_file)
+    memory_limit = parse_memory_limit(memory_limit)
     if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
         raise TypeError(f"rdzv_conf must be a dict or None, got {type(rdzv_conf).__name__}")
     if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
@@ -173,8 +180,32 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
-        debug=debug,
+        debug=debug, memory_limit=memory_limit,
     )
+
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+
+
+def parse_memory_limit(value) -> int:
+    """``memory_limit``: None, bytes as an int, or a string such as "3GB", "512MiB", "1.5G" (powers of 1024)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise TypeError("memory_limit must be bytes (an int) or a string such as '3GB', not a bool")
+    if isinstance(value, int):
+        amount = value
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
+        if not match or match.group(2).upper() not in _UNITS:
+            raise LaunchArgumentError(f"memory_limit={value!r} is not a size: write bytes or e.g. '3GB', '512MB'")
+        amount = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    else:
+        raise TypeError(f"memory_limit must be bytes (an int) or a string such as '3GB', got {type(value).__name__}")
+    if amount < 64 * 2**20:
+        raise LaunchArgumentError(f"memory_limit={value!r} is below 64 MB: a worker with torch loaded needs more")
+    return amount
 
 
 def accelerate_default_config_file() -> str:

@@ -104,6 +104,7 @@ class Supervisor:
                 parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
                 store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
                 explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug,
+                memory_limit=self.plan.memory_limit,
                 progress_path=self._progress_path(worker.rank),
             )
             own_read_ends = [read for read, _ in pipes.values()]
@@ -386,6 +387,8 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
         self._drain(worker)
+        if worker.signal not in (None, signal.SIGTERM, signal.SIGKILL):
+            worker.stopped_by_launcher = False  # it crashed on its own (SIGSEGV, SIGABRT) before our signal
         self._emit(worker.rank, EXIT, {"exit_code": worker.exit_code, "signal": worker.signal,
                                        "signal_name": _signal_name(worker.signal),
                                        "stopped_by_launcher": worker.stopped_by_launcher})

@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 
-from .events import (FAILURE, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter, ProgressRecord,
+from .events import (BATCH_SIZE, FAILURE, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter, ProgressRecord,
                      WorkerSpec, write_all)
 from .logging import install_event_logging
 
@@ -151,6 +151,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
         process_group_up = _init_process_group(spec)
         if process_group_up:
             _install_collective_hooks(spec, events)
+        _prepare_memory_handling(spec, events)
         events.emit(STATUS, {"state": "running"})
         result = function(*args)
         _report_result(events, result)
@@ -163,12 +164,22 @@ def _run(spec: WorkerSpec, load_function) -> int:
             _report_failure(events, exc, exit_code, message=f"the function called sys.exit({exc.code!r})")
     except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
         exit_code = 1
-        _report_failure(events, exc, exit_code)
+        _report_failure(events, exc, exit_code, message=_memory_limit_note(spec, exc))
     events.emit(STATUS, {"state": "finished" if exit_code == 0 else "failed", "exit_code": exit_code})
     if exit_code == 0 and process_group_up:
         _leave_process_group(spec.world_size)
     _run_exit_handlers()
     return exit_code
+
+
+def _memory_limit_note(spec: WorkerSpec, exc: BaseException) -> str | None:
+    """An out-of-memory error in a worker with ``memory_limit`` says that the limit is what was reached."""
+    from .memory import should_reduce_batch_size
+
+    if not spec.memory_limit or not should_reduce_batch_size(exc):
+        return None
+    return (f"{exc} [this worker reached its memory_limit of {spec.memory_limit / 2**30:.2f} GiB: raise "
+            f"memory_limit, or use a smaller batch (find_executable_batch_size does that for you)]")
 
 
 def _exit_code_of(exc: SystemExit) -> int:
@@ -205,6 +216,7 @@ def _report_failure(events: EventWriter, exc: BaseException, exit_code: int, mes
         "exit_code": exit_code,
         # debug mode's check fails on every rank together: the kernel lets the others report it too
         "all_ranks_raise": type(exc).__name__ == "DistributedOperationException",
+        "oom_retry": getattr(exc, "event_data", None) if type(exc).__name__ == "OutOfMemoryRetry" else None,
     })
 
 
@@ -294,6 +306,21 @@ def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
     install_collective_hooks(spec.debug, on_mismatch=lambda data: events.emit(SHAPE_MISMATCH, data),
                              progress=progress)
     triggers._on_trigger = lambda data: events.emit(TRIGGER, data)
+
+
+def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:
+    """find_executable_batch_size reports each try; with peers, an out-of-memory error restarts the group.
+    ``memory_limit`` caps the worker's address space, so an allocation over it fails as a real CPU OOM."""
+    from . import memory
+
+    memory._on_batch_size = lambda data: events.emit(BATCH_SIZE, data)
+    memory._distributed_worker = spec.world_size > 1
+    if spec.memory_limit:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = spec.memory_limit if hard == resource.RLIM_INFINITY else min(spec.memory_limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 def _forget_inherited_accelerate_state() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import EXIT, FAILURE, LAUNCHER, LOG, STREAM, TRIGGER, Event
+from ..events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, STREAM, TRIGGER, Event
 
 
 class TextDisplay:
@@ -49,6 +49,12 @@ class TextDisplay:
         elif event.kind == TRIGGER:
             self._write("stdout", f"{prefix}set_trigger() at {event.data.get('call_site')}: the next "
                                   "check_trigger() returns True on every rank\n")
+        elif event.kind == OOM_RETRY:
+            data = event.data
+            ranks = ", ".join(str(rank) for rank in data.get("ranks", [event.rank]))
+            self._write("stdout", f"notebook_launcher: rank {ranks} ran out of memory at batch size "
+                                  f"{data['batch_size']} ({data['error']}); restarting all ranks at batch size "
+                                  f"{data['new_batch_size']}\n")
         elif event.kind == LAUNCHER:
             self._write("stdout", f"notebook_launcher: {event.data.get('text', '')}\n")
 
