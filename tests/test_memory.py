@@ -16,9 +16,16 @@ from notebook_launcher.memory import memory_figures
 MB = 2**20
 
 
+def _address_space_with_accelerate():
+    from accelerate import Accelerator
+
+    Accelerator()
+    return memory_figures()["virtual_bytes"]
+
+
 def worker_address_space() -> int:
-    """What a launched worker's address space is before it allocates anything (the base for memory_limit)."""
-    return notebook_launcher(lambda: memory_figures()["virtual_bytes"], num_processes=2, device="cpu")
+    """A launched worker's address space with Accelerate set up, before it allocates (the base for memory_limit)."""
+    return notebook_launcher(_address_space_with_accelerate, num_processes=2, device="cpu")
 
 
 def test_one_process_under_a_cap_tries_128_64_32_and_succeeds_at_32(tmp_path):
@@ -81,8 +88,8 @@ def guide_shaped_training(memory_per_sample_on_rank_1):
 
 def test_two_ranks_where_only_rank_1_runs_out_retry_together_and_finish(capsys):
     base = worker_address_space()
-    result = notebook_launcher(guide_shaped_training, args=(4 * MB,), num_processes=2, device="cpu",
-                               memory_limit=base + 300 * MB, timeout=120)
+    result = notebook_launcher(guide_shaped_training, args=(8 * MB,), num_processes=2, device="cpu",
+                               memory_limit=base + 400 * MB, timeout=120)  # 32 x 8 MB fits, 64 x 8 MB does not
     run = last_run()
     assert result == {"batch_size": 32, "sizes_seen": [32]}  # restarted ranks start from the agreed size
     assert [run.results[rank]["batch_size"] for rank in (0, 1)] == [32, 32]
