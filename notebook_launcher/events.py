@@ -87,7 +87,8 @@ class Event:
         return record
 
 
-def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"", when: float | None = None) -> bytes:
+def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"",
+                 when: float | None = None) -> bytes:
     """One frame, ready for a single write."""
     header = marshal.dumps(
         {"v": SCHEMA_VERSION, "rank": rank, "seq": seq, "time": time.monotonic() if when is None else when,

@@ -21,6 +21,7 @@ _LOST_PEER = re.compile(
     r"Socket Timeout|recvBytes|Connection refused",
     re.IGNORECASE,
 )
+LONG_WAIT_S = 2.0  # at a timeout, a rank in a collective for this long counts as waiting, not passing through
 TRUNCATED_EVENT = "TruncatedEvent"  # what the supervisor calls an event cut short by the worker's death
 _CONTEXT_LINES = 30
 _MAX_CRASH_LINES = 120
@@ -192,7 +193,8 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
     """Which rank diverged, then where every rank was: its collective (name, number, call site, how long) or
     that it had finished, and its Python stacks. ``timed_out``: the whole run went past ``timeout``."""
     lines = [f"The run did not finish within timeout={timeout:g} s, so every rank was stopped."] if timed_out else []
-    waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")}
+    waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")
+               and (not timed_out or info["now"] - info["since"] >= LONG_WAIT_S)}
     others = {rank: info for rank, info in hang.items() if rank not in waiting}
     if others:
         culprits = ", ".join(f"rank {rank} {_place(info)}" for rank, info in sorted(others.items()))
@@ -208,9 +210,8 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
             headline = (f"The ranks stopped making progress: they wait in different collectives ({_ranks(odd)} "
                         f"diverged from the others).")
         else:
-            headline = (f"The ranks stopped making progress: every rank has waited in the same collective for more "
-                        f"than timeout={timeout:g} s." if timeout else "The ranks stopped making progress.")
-    if not timed_out or any(info.get("inside") for info in waiting.values()):
+            headline = "The ranks stopped making progress: every rank waits in the same collective."
+    if waiting:  # a timeout with nobody stuck in a collective is just a long run: no verdict
         lines.append(headline)
     for rank in sorted(hang):
         lines += ["", f"rank {rank}: {_place(hang[rank])}"]

@@ -90,9 +90,9 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
       args with cloudpickle; it prints one line saying which and why. ``"fork"``/``"spawn"`` force it.
     - ``device``: ``"auto"`` (CUDA GPUs if any, one rank per GPU, else CPU), ``"cpu"``, ``"cuda"``, ``"xla"``.
     - ``backend``: ``"auto"`` (nccl on CUDA, gloo on CPU) or a torch.distributed backend name.
-    - ``timeout``: seconds; a run still going after it, or a rank waiting in one collective longer than it, is
-      stopped and a ``LaunchTimeoutError`` shows where every rank was (collective, call site, Python stacks).
-      Without a timeout, a hang where a rank finished while others wait in a collective is still diagnosed.
+    - ``timeout``: seconds; a run still going after it is stopped and a ``LaunchTimeoutError`` shows where every
+      rank was (its collective, call site and Python stacks) and which rank diverged. With or without a
+      timeout, ranks waiting in a collective 2 s after another rank finished are diagnosed the same way.
     - ``debug``: debug mode (see ``notebook_launcher.ops``): every collective first checks that the ranks agree
       on operation, shapes and dtypes and raises ``DistributedOperationException`` at once if not. None (the
       default) follows ``ACCELERATE_DEBUG_MODE``, else ``debug:`` in ``config_file`` (else

@@ -36,7 +36,7 @@ from .events import TRUE_VALUES
 MAX_DIMS = 8
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
 _CARRY_SPACE = [0] * (CARRY_BYTES // 8)
-_HEADER = 4  # op code, dtype code, ndim, (reserved)
+_HEADER = 4  # op code, dtype code, ndim, detail (reduce op, src or dst); then MAX_DIMS sizes; then "can carry"
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
            torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
@@ -45,7 +45,7 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.ui
 #   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
 RAW_COLLECTIVES = {
     "all_reduce": ("tensor", "shape"),
-    "all_gather": ("tensor", "shape"),
+    "all_gather": ("tensor", "dtype"),  # uneven sizes are allowed there
     "all_gather_into_tensor": ("input_tensor", "shape"),
     "all_gather_single": ("input_tensor", "shape"),
     "reduce_scatter_single": ("input", "shape"),
@@ -124,7 +124,7 @@ def broadcast(tensor, from_process: int = 0):
         return type(tensor)({key: broadcast(item, from_process) for key, item in tensor.items()})
     if not _distributed():
         return tensor
-    with _collective("notebook_launcher.ops.broadcast", tensor, "shape"):
+    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", detail=from_process):
         _raw["broadcast"](tensor, src=from_process)
     return tensor
 
@@ -133,7 +133,7 @@ def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
     """The list of rank ``from_process`` on every rank (in place; also returned)."""
     if not _distributed():
         return object_list
-    with _collective("notebook_launcher.ops.broadcast_object_list", object_list, "op"):
+    with _collective("notebook_launcher.ops.broadcast_object_list", object_list, "op", detail=from_process):
         _raw["broadcast_object_list"](object_list, src=from_process)
     return object_list
 
@@ -150,7 +150,7 @@ def reduce(tensor, reduction: str = "sum", scale: float = 1.0):
         return type(tensor)({key: reduce(item, reduction, scale) for key, item in tensor.items()})
     result = tensor.clone()
     if _distributed():
-        with _collective("notebook_launcher.ops.reduce", tensor, "shape"):
+        with _collective("notebook_launcher.ops.reduce", tensor, "shape", detail=list(operations).index(reduction)):
             _raw["all_reduce"](result, op=operations[reduction])
         if reduction == "mean":
             result = result / dist.get_world_size()
@@ -164,9 +164,11 @@ def pad_across_processes(tensor, dim: int = 0, pad_index=0, pad_first: bool = Fa
     if isinstance(tensor, dict):
         return type(tensor)({key: pad_across_processes(item, dim, pad_index, pad_first)
                              for key, item in tensor.items()})
-    if not _distributed() or dim >= tensor.ndim or dim < -tensor.ndim:
+    if not _distributed():
         return tensor
-    with _collective("notebook_launcher.ops.pad_across_processes", tensor, "dtype"):
+    with _collective("notebook_launcher.ops.pad_across_processes", tensor, "dtype", detail=dim):
+        if dim >= tensor.ndim or dim < -tensor.ndim:  # (after the check: in debug mode ranks agree on ndim)
+            return tensor
         size = torch.tensor([tensor.shape[dim]], device=tensor.device)
         _raw["all_reduce"](size, op=dist.ReduceOp.MAX)
     largest = int(size.item())
@@ -194,9 +196,9 @@ class _collective:
     """
 
     def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None,
-                 carry: bool = False):
+                 carry: bool = False, detail: int = 0):
         self.operation, self.subject, self.rule, self.group, self.site = operation, subject, rule, group, site
-        self.carry = carry
+        self.carry, self.detail = carry, detail
         self.carried = None
 
     def __enter__(self):
@@ -210,7 +212,7 @@ class _collective:
         try:
             if debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
-                                               carry=self.carry)
+                                               carry=self.carry, detail=self.detail)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -224,7 +226,8 @@ class _collective:
         return False
 
 
-def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False):
+def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False,
+                    detail: int = 0):
     """One all_gather of a fixed-size integer row per rank; raises DistributedOperationException on every rank
     if the rows differ.
 
@@ -232,26 +235,26 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str = 
     list of every rank's tensor is returned; otherwise None.
     """
     world_size = dist.get_world_size(group)
-    row = _signature(operation, subject, rule)
+    row = _signature(operation, subject, rule, detail)
+    device = _check_device(group)
     nbytes = subject.numel() * subject.element_size() if isinstance(subject, torch.Tensor) else 0
-    carried = carry and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
+    can_carry = (carry and rule == "shape" and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
+                 and subject.layout == torch.strided and subject.device == device)
+    row[-1] = int(can_carry)
     mine = torch.tensor(row + _CARRY_SPACE, dtype=torch.int64)  # the same size on every rank: fixed
-    if carried and nbytes:
+    if can_carry and nbytes:
         data = subject.detach().reshape(-1).contiguous().cpu()
         mine[len(row):].view(torch.uint8)[:nbytes] = data.view(torch.uint8)
-    device = _check_device(subject)
     mine = mine.to(device)
     table = torch.empty((world_size, mine.numel()), dtype=torch.int64, device=device)
     _gather_flat(table.view(-1), mine, group=group)
     heads = table[:, :len(row)].cpu()
-    agreed = torch.equal(heads[:, 0], heads[0, 0].expand(world_size)) and (
-        rule == "op" or torch.equal(heads, heads[0].expand_as(heads)))
-    if agreed:
-        if not carried:
+    if torch.equal(heads[:, :-1], heads[0, :-1].expand(world_size, len(row) - 1)):
+        if not bool(heads[:, -1].all()):  # every rank decides alike: carry only if all of them can
             return None
         every = table[:, len(row):].view(torch.uint8)[:, :nbytes].view(subject.dtype)
         return list(every.view((world_size,) + tuple(subject.shape)).unbind(0))
-    rows = heads.tolist()
+    rows = [r[:-1] for r in heads.tolist()]
     operations = {r[0] for r in rows}
     sites = [None] * world_size
     _raw["all_gather_object"](sites, site, group=group)  # the slow path: we are about to fail anyway
@@ -268,24 +271,33 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str = 
     raise DistributedOperationException(message)
 
 
-def _signature(operation: str, subject, rule: str) -> list[int]:
-    row = [_OPERATIONS.index(operation), -1, -1, 0] + [-1] * MAX_DIMS
+def _signature(operation: str, subject, rule: str, detail: int = 0) -> list[int]:
+    """The integers every rank must agree on, and a last one (whether this rank can carry its tensor) that
+    only decides, from everybody's answer, how the operation is finished."""
+    row = [_OPERATIONS.index(operation), -1, -1, detail] + [-1] * MAX_DIMS + [0]
     if isinstance(subject, torch.Tensor):
-        row[1] = _DTYPES.index(subject.dtype) if subject.dtype in _DTYPES else len(_DTYPES)
-        if rule == "shape":
+        known = subject.dtype in _DTYPES
+        row[1] = _DTYPES.index(subject.dtype) if known else len(_DTYPES) + _stable_code(subject.dtype)
+        if rule in ("shape", "dtype"):
             row[2] = subject.ndim
+        if rule == "shape":
             for index, size in enumerate(subject.shape[:MAX_DIMS]):
                 row[_HEADER + index] = size
+            if subject.ndim > MAX_DIMS:
+                row[_HEADER + MAX_DIMS - 1] = subject.numel()  # dims past the 8th still count, through the size
     elif isinstance(subject, list):
         row[2] = 1
         row[_HEADER] = len(subject)
     return row
 
 
-def _check_device(subject):
-    if isinstance(subject, torch.Tensor) and subject.device.type != "cpu":
-        return subject.device
-    if dist.get_backend() == "nccl":
+def _stable_code(value) -> int:
+    return sum(ord(character) * (index + 1) for index, character in enumerate(str(value))) % 100_000
+
+
+def _check_device(group=None):
+    """Where the check row lives: what the group's backend can move (CUDA for nccl, else the CPU)."""
+    if "nccl" in str(dist.get_backend(group)):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -299,7 +311,7 @@ def _shape_of(row: list[int]) -> list[int] | None:
 def _dtype_of(row: list[int]) -> str | None:
     if row[1] < 0:
         return None
-    return str(_DTYPES[row[1]]).replace("torch.", "") if row[1] < len(_DTYPES) else "other"
+    return str(_DTYPES[row[1]]).replace("torch.", "") if row[1] < len(_DTYPES) else f"other ({row[1]})"
 
 
 def _shape_mismatch_message(operation: str, rows, sites, rule: str) -> str:
@@ -324,15 +336,15 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(_OWN_DIR) or filename.startswith(_TORCH_DIR) or "/accelerate/" in filename
-                or filename.startswith("<frozen")):
+        if not (filename.startswith(_OWN_DIR) or filename.startswith(_TORCH_DIR)
+                or f"{os.sep}accelerate{os.sep}" in filename or filename.startswith("<frozen")):
             return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return "?"
 
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 # -- the raw collectives in a worker -----------------------------------------------------------------------------
@@ -353,15 +365,17 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
         if getattr(_state, "inside", False):
             return original(*args, **kwargs)
         bound = signature.bind_partial(*args, **kwargs).arguments
+        group = bound.get("group")
+        if group is not None and dist.distributed_c10d._rank_not_in_group(group):
+            return original(*args, **kwargs)  # not a member: a no-op for this rank, in torch too
         subject = bound.get(argument) if argument else None
         if name == "all_to_all_single" and (bound.get("input_split_sizes") or bound.get("output_split_sizes")):
             rule_here = "dtype"  # uneven splits: shapes may differ by design
         else:
             rule_here = rule
-        carry = name in _FINISHED_FROM_CARRIED and not bound.get("async_op") and (
-            name != "all_reduce" or bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS)
-        with _collective(f"torch.distributed.{name}", subject, rule_here, bound.get("group"),
-                         carry=carry) as exchange:
+        carry = _can_finish_from_carried(name, bound, subject, group)
+        with _collective(f"torch.distributed.{name}", subject, rule_here, group, carry=carry,
+                         detail=_detail(bound)) as exchange:
             if exchange.carried is not None:
                 return _finish_from_carried(name, bound, exchange.carried)
             return original(*args, **kwargs)
@@ -376,15 +390,46 @@ _LOCAL_REDUCTIONS = {dist.ReduceOp.SUM: lambda stacked: stacked.sum(0),
 _FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single")
 
 
+def _can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
+    """Whether this rank could finish the call from everyone's tensor exactly as the backend would; the
+    ranks then go that way only if all of them can (the answer travels in the check row)."""
+    if name not in _FINISHED_FROM_CARRIED or bound.get("async_op") or not isinstance(subject, torch.Tensor):
+        return False
+    if subject.dtype in (torch.float16, torch.bfloat16):
+        return False  # the backend rounds at every step; summing here would round once
+    world_size = dist.get_world_size(group)
+    if name == "all_reduce":
+        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS
+    if name == "all_gather":
+        targets = bound.get("tensor_list") or []
+        return len(targets) == world_size and all(t.shape == subject.shape and t.dtype == subject.dtype
+                                                  for t in targets)
+    output = bound.get("output_tensor")
+    return output is not None and output.numel() == world_size * subject.numel() and output.is_contiguous()
+
+
+def _detail(bound: dict) -> int:
+    """The reduce op, source or destination of a call: the ranks must agree on it too."""
+    for key in ("op", "src", "dst", "group_src", "group_dst"):
+        value = bound.get(key)
+        if value is not None:
+            try:
+                return int(value) + 1
+            except (TypeError, ValueError):
+                return _stable_code(value)
+    return 0
+
+
 def _finish_from_carried(name: str, bound: dict, carried: list) -> None:
     """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
-    if name == "all_reduce":
-        tensor = bound["tensor"]
-        reduced = _LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](torch.stack(carried))
-        tensor.copy_(reduced.to(tensor.dtype))
-    elif name == "all_gather":
-        for target, piece in zip(bound["tensor_list"], carried):
-            target.copy_(piece)
-    else:
-        bound["output_tensor"].view(-1).copy_(torch.cat([piece.reshape(-1) for piece in carried]))
+    with torch.no_grad():
+        if name == "all_reduce":
+            tensor = bound["tensor"]
+            reduced = _LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](torch.stack(carried))
+            tensor.copy_(reduced.to(tensor.dtype))
+        elif name == "all_gather":
+            for target, piece in zip(bound["tensor_list"], carried):
+                target.copy_(piece)
+        else:
+            bound["output_tensor"].view(-1).copy_(torch.cat([piece.reshape(-1) for piece in carried]))
     return None

@@ -3,8 +3,8 @@
 Workers never wait for each other: each rank numbers its own in_order calls (1, 2, 3, ...) and the kernel holds
 the records of call *n* until every rank has either sent its record of call *n*, said that its level filtered
 it out, moved past it, or exited. A running rank that stops making in_order progress (stuck, or its code took
-another path) holds the others back for at most ``stall_bound_s``; a rank still starting up is waited for. While a rank has held records, its later events are
-held behind them, so each rank's own order is kept too.
+another path) holds the others back for at most ``stall_bound_s``; a rank still starting up is waited for.
+While a rank has held records, its later events are held behind them, so each rank's own order is kept too.
 """
 
 from __future__ import annotations

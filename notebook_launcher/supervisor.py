@@ -244,9 +244,9 @@ class Supervisor:
             self._kill_at = None
 
     def _check_progress(self) -> None:
-        """A hang: a rank has waited in one collective longer than ``timeout``, or for HANG_GRACE_S while
-        another rank has already finished (it will never join). Then every rank's place is recorded, its
-        Python stacks are collected, and the run is stopped."""
+        """A hang: a rank has waited in a collective for HANG_GRACE_S while another rank has already finished
+        (it will never join). Then every rank's place is recorded, its Python stacks are collected, and the
+        run is stopped. (Any other stall is caught by ``timeout``, with the same diagnosis.)"""
         if self.stop_reason is not None or not self.progress:
             return
         now = time.monotonic()
@@ -255,8 +255,7 @@ class Supervisor:
                  if rank not in done and record["inside"]]
         if not waits:
             return
-        longest = max(waits)
-        if (done and longest >= HANG_GRACE_S) or (self.plan.timeout is not None and longest >= self.plan.timeout):
+        if done and max(waits) >= HANG_GRACE_S:
             self._stop_with_diagnosis("hang")
 
     def _stop_with_diagnosis(self, reason: str) -> None:

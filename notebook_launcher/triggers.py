@@ -36,7 +36,7 @@ def check_trigger() -> bool:
     if not ops._distributed():
         fired, _flag = _flag, False
         return fired
-    flag = torch.tensor([1 if _flag else 0], device=ops._check_device(None))
+    flag = torch.tensor([1 if _flag else 0], device=ops._check_device())
     with ops._collective("notebook_launcher.check_trigger", None, "op"):
         ops._raw["all_reduce"](flag, op=dist.ReduceOp.MAX)
     if flag.item():

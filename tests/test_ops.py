@@ -225,7 +225,7 @@ def test_hang_where_a_rank_never_reaches_the_collective_is_diagnosed_at_the_time
         dist.all_reduce(torch.ones(1))
 
     with pytest.raises(LaunchTimeoutError) as caught:
-        notebook_launcher(stuck_elsewhere, num_processes=2, device="cpu", timeout=2)
+        notebook_launcher(stuck_elsewhere, num_processes=2, device="cpu", timeout=4)
     message = str(caught.value)
     assert "rank 1 is not in any collective: busy or stuck in its own code" in message
     assert "rank 0: waiting" in message and "in all_reduce #1" in message
@@ -314,3 +314,56 @@ def test_raw_collectives_give_the_same_values_with_and_without_debug_mode(debug)
         assert result["all_gather"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
         assert result["into_tensor"] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
         assert result["big"] == [3.0, 3.0]
+
+
+def legal_but_uneven_calls():
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensor = torch.ones(3)
+    if rank == 0:  # ranks may differ in async_op: every rank must still take the same path
+        dist.all_reduce(tensor, async_op=True).wait()
+    else:
+        dist.all_reduce(tensor)
+    leaf = torch.ones(2, requires_grad=True)
+    with torch.no_grad():
+        dist.all_reduce(leaf)
+    subgroup = dist.new_group([0, 1])
+    small = torch.ones(1)
+    dist.all_reduce(small, group=subgroup)  # rank 2 is not in it: a no-op there
+    return tensor.tolist(), leaf.tolist(), small.tolist()
+
+
+def test_legal_calls_that_differ_between_ranks_still_work_in_debug_mode():
+    notebook_launcher(legal_but_uneven_calls, num_processes=3, device="cpu", debug=True, timeout=60)
+    results = last_run().results
+    assert results[0] == results[1] == ([3.0] * 3, [3.0] * 2, [2.0])
+    assert results[2] == ([3.0] * 3, [3.0] * 2, [1.0])
+
+
+@pytest.mark.parametrize("statement, words", [
+    ("dist.all_reduce(torch.ones(2), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)",
+     "Operation: `torch.distributed.all_reduce`"),
+    ("dist.broadcast_object_list([1, 2] if rank == 0 else [1], src=0)",
+     "Operation: `torch.distributed.broadcast_object_list`"),
+    ("ops.broadcast(torch.ones(2), from_process=rank)", "Operation: `notebook_launcher.ops.broadcast`"),
+])
+def test_disagreements_beyond_shapes_are_caught(statement, words):
+    with pytest.raises(RankFailedError) as caught:
+        notebook_launcher(mismatch, args=(statement,), num_processes=2, device="cpu", debug=True, timeout=60)
+    assert "DistributedOperationException" in str(caught.value) and words in str(caught.value)
+
+
+def test_a_long_run_reaching_its_timeout_is_not_called_a_divergence():
+    def busy():
+        import torch.distributed as dist
+
+        for _ in range(1000):
+            dist.all_reduce(torch.ones(1))  # in and out of collectives all the time
+            time.sleep(0.01)
+
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(busy, num_processes=2, device="cpu", timeout=2)
+    message = str(caught.value)
+    assert message.startswith("The run did not finish within timeout=2 s, so every rank was stopped.\n\nrank 0:")
+    assert "diverged" not in message and "stopped making progress" not in message
