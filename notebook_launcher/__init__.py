@@ -30,3 +30,10 @@ __all__ = [
     "set_trigger",
     "should_reduce_batch_size",
 ]
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext notebook_launcher``: registers the ``%%accelerate`` cell magic."""
+    from .magic import load_ipython_extension as load
+
+    load(ipython)

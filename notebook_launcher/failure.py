@@ -106,8 +106,11 @@ class FailureTracker:
     def last_state(self, rank: int) -> str:
         """What a rank was doing when the run ended, for the "other ranks" part of an error."""
         state = self._states.get(rank, "starting")
+        if state == "finished":
+            state = "had finished its function (waiting for the others)"
         if self._exits.get(rank, {}).get("stopped_by_launcher"):
-            state = f"stopped by the launcher while {state}"
+            state = f"stopped by the launcher; it {state}" if state.startswith("had") else \
+                f"stopped by the launcher while {state}"
         line = self._last_line.get(rank)
         return f"{state}; last output: {line[:200]!r}" if line else state
 

@@ -125,6 +125,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
     global _last_run
+    __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
     plan = planning.make_plan(
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,

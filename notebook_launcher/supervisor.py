@@ -48,6 +48,7 @@ class WorkerProcess:
     exit_code: int | None = None  # set once reaped
     signal: int | None = None
     stopped_by_launcher: bool = False
+    sigkill_sent: bool = False
     read_fds: dict = field(default_factory=dict)  # name -> fd (events, stdout, stderr)
 
     @property
@@ -386,8 +387,9 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
         self._drain(worker)
-        if worker.signal not in (None, signal.SIGTERM, signal.SIGKILL):
-            worker.stopped_by_launcher = False  # it crashed on its own (SIGSEGV, SIGABRT) before our signal
+        ours = (None, signal.SIGTERM) + ((signal.SIGKILL,) if worker.sigkill_sent else ())
+        if worker.signal not in ours:
+            worker.stopped_by_launcher = False  # it died on its own (SIGSEGV, SIGABRT, an outside SIGKILL) first
         self._emit(worker.rank, EXIT, {"exit_code": worker.exit_code, "signal": worker.signal,
                                        "signal_name": _signal_name(worker.signal),
                                        "stopped_by_launcher": worker.stopped_by_launcher})
@@ -436,6 +438,9 @@ class Supervisor:
         self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
 
     def _signal_all(self, signum: int, spare=()) -> None:
+        for worker in self.workers:
+            if worker.alive and worker.rank not in spare and signum == signal.SIGKILL:
+                worker.sigkill_sent = True
         alive = [worker.pid for worker in self.workers if worker.alive and worker.rank not in spare]
         for pid in _descendants(alive):
             _kill(pid, signum)

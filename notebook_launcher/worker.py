@@ -33,6 +33,7 @@ from .events import (BATCH_SIZE, FAILURE, RESULT, SHAPE_MISMATCH, STATUS, TRIGGE
 from .logging import install_event_logging
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _RETURNED_KEY = "notebook_launcher/returned"
 _LEFT_KEY = "notebook_launcher/left"
 _PR_SET_PDEATHSIG = 1
@@ -205,8 +206,8 @@ def _report_result(events: EventWriter, result) -> None:
 
 def _report_failure(events: EventWriter, exc: BaseException, exit_code: int, message: str | None = None) -> None:
     frames = exc.__traceback__
-    while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
-        frames = frames.tb_next  # the user's frames only: ours add nothing to the story
+    while frames is not None and frames.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frames = frames.tb_next  # from the user's first frame on: the launcher's add nothing to the story
     text = "".join(traceback.format_exception(type(exc), exc, frames))
     events.emit(FAILURE, {
         "type": type(exc).__qualname__,

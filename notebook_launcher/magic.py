@@ -1,0 +1,218 @@
+"""``%%accelerate``: run a notebook cell on every rank and get the names it assigns back from rank 0.
+
+    %load_ext notebook_launcher
+
+    %%accelerate -n 2 --debug
+    model = Net()
+    ...
+    history = [...]
+
+The cell goes through ``notebook_launcher()`` itself (no second launcher): the same display, debug mode, logging,
+out-of-memory retries, triggers and hang diagnosis.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import sys
+
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+MAX_RETURN_BYTES = 2**30  # a value bigger than this pickled stays on the ranks
+
+
+class CellProgram:
+    """What each rank runs: the cell's code in a namespace made of the notebook names it uses.
+
+    Under fork the names are inherited as they are; under spawn they travel with cloudpickle. Rank 0 sends back
+    the names the cell assigned at top level (those that can be pickled and are not too large).
+    """
+
+    def __init__(self, source: str, filename: str, namespace: dict, return_names: list[str]):
+        self.source = source
+        self.filename = filename
+        self.namespace = namespace
+        self.return_names = return_names
+
+    def __call__(self):
+        _register_source(self.filename, self.source)  # so tracebacks show the cell's own lines
+        namespace = dict(self.namespace, __name__="__main__")
+        exec(compile(self.source, self.filename, "exec"), namespace)
+        if os.environ.get("RANK", "0") != "0":
+            return None
+        return _returnable(namespace, self.return_names)
+
+
+def _returnable(namespace: dict, names: list[str]) -> dict:
+    import cloudpickle
+
+    values, skipped = {}, {}
+    for name in names:
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        if isinstance(value, type(sys)):
+            continue  # modules: the notebook imports its own
+        try:
+            pickled = cloudpickle.dumps(_on_cpu(value))
+        except Exception as exc:  # noqa: BLE001
+            skipped[name] = f"cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
+            continue
+        if len(pickled) > MAX_RETURN_BYTES:
+            skipped[name] = f"too large ({len(pickled) / 2**30:.1f} GiB pickled)"
+            continue
+        values[name] = pickled  # one pickle per name: the kernel loads each on its own
+    return {"values": values, "skipped": skipped}
+
+
+def _on_cpu(value):
+    torch = sys.modules.get("torch")
+    return value.detach().cpu() if torch is not None and isinstance(value, torch.Tensor) else value
+
+
+def _load_each(pickled: dict, skipped: dict) -> dict:
+    """Each returned name unpickled on its own, so one that cannot live in the kernel (a DDP wrapper needs its
+    process group) is skipped with the reason instead of losing them all."""
+    import cloudpickle
+
+    values = {}
+    for name, data in pickled.items():
+        try:
+            values[name] = cloudpickle.loads(data)
+        except Exception as exc:  # noqa: BLE001
+            skipped[name] = f"cannot be loaded in the kernel ({type(exc).__name__}: {str(exc)[:120]})"
+    return values
+
+
+def _register_source(filename: str, source: str) -> None:
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def names_used(tree: ast.AST) -> set[str]:
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+def names_assigned(tree: ast.Module) -> list[str]:
+    """The names the cell binds in the notebook's scope, in order: assignments anywhere outside functions and
+    classes (inside loops and ifs too), and the names of the functions and classes it defines."""
+    names: list[str] = []
+
+    class Collector(ast.NodeVisitor):
+        def visit_Name(self, node):  # noqa: N802 - ast's naming
+            if isinstance(node.ctx, ast.Store) and node.id not in names:
+                names.append(node.id)
+
+        def visit_FunctionDef(self, node):  # noqa: N802
+            if node.name not in names:
+                names.append(node.name)  # its body has a scope of its own
+
+        visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef  # noqa: N815
+
+        def visit_Lambda(self, node):  # noqa: N802
+            pass
+
+        def visit_ListComp(self, node):  # noqa: N802
+            pass
+
+        visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp  # noqa: N815
+
+    Collector().visit(tree)
+    return names
+
+
+@magics_class
+class AccelerateMagics(Magics):
+    @magic_arguments()
+    @argument("-n", "--num-processes", type=int, default=None,
+              help="ranks to start (default: one per GPU, else 2 CPU workers)")
+    @argument("--debug", action="store_true", help="debug mode: collectives check shapes first")
+    @argument("--mixed-precision", default="no", help="no, fp16, bf16 or fp8 (ACCELERATE_MIXED_PRECISION)")
+    @argument("--start-method", default="auto", help="auto, fork or spawn")
+    @argument("--device", default="auto", help="auto, cpu, cuda or xla")
+    @argument("--timeout", type=float, default=None, help="seconds before the run is stopped and diagnosed")
+    @argument("--port", default="29500", help="master port (a free one is used if it is taken)")
+    @argument("--memory-limit", default=None, help="per-worker address-space cap, e.g. 3GB")
+    @argument("--text", action="store_true", help="plain text display")
+    @argument("--return", dest="return_names", default=None,
+              help="comma-separated names to bring back from rank 0 (default: all the cell assigns)")
+    @argument("--no-return", action="store_true", help="bring nothing back")
+    @cell_magic
+    def accelerate(self, line, cell):
+        """Run this cell on every rank with notebook_launcher; names it assigns come back from rank 0.
+
+        The cell sees the notebook's names (inherited under fork, sent with cloudpickle under spawn). After a
+        successful run the names the cell assigned at top level are set in the notebook from rank 0 (tensors
+        on the CPU); one line says which came back and which were skipped and why. Errors show the cell's own
+        line numbers and the rank.
+
+        Example::
+
+            %%accelerate -n 2 --debug --mixed-precision bf16
+            model = Net()
+            ...
+            history = train(model)
+        """
+        __tracebackhide__ = True  # IPython shows the error, not this frame
+        from . import plan as planning
+        from .launcher import notebook_launcher
+
+        args = parse_argstring(self.accelerate, line)
+        source = self.shell.transform_cell(cell)
+        tree = ast.parse(source)
+        user_ns = self.shell.user_ns
+        namespace = {name: user_ns[name] for name in sorted(names_used(tree)) if name in user_ns}
+        if args.no_return:
+            return_names = []
+        elif args.return_names:
+            return_names = [name.strip() for name in args.return_names.split(",") if name.strip()]
+        else:
+            return_names = names_assigned(tree)
+        device = planning.detect_device() if args.device == "auto" else args.device
+        if args.start_method == "spawn" or (
+                args.start_method == "auto" and planning.choose_start_method("auto", device)[0] == "spawn"):
+            _check_picklable(namespace)
+        count = max(1, getattr(self.shell, "execution_count", 1) - 1)  # IPython counts this cell already
+        filename = f"<accelerate cell In[{count}]>"
+        source = "\n" + source  # line numbers as the notebook shows them, the %%accelerate line being line 1
+        _register_source(filename, f"%%accelerate {line}" + source)
+        num_processes = args.num_processes
+        if num_processes is None:
+            num_processes = planning.cuda_device_count() if device == "cuda" else 2
+        result = notebook_launcher(
+            CellProgram(source, filename, namespace, return_names), num_processes=num_processes,
+            mixed_precision=args.mixed_precision, use_port=args.port, start_method=args.start_method,
+            device=device, timeout=args.timeout, debug=True if args.debug else None,
+            memory_limit=args.memory_limit)
+        if not return_names or not isinstance(result, dict):
+            return None
+        skipped = dict(result["skipped"])
+        values = _load_each(result["values"], skipped)
+        user_ns.update(values)
+        came_back = ", ".join(values) or "nothing"
+        note = f"notebook_launcher: back from rank 0: {came_back}"
+        if skipped:
+            note += "; skipped: " + "; ".join(f"{name} ({why})" for name, why in skipped.items())
+        print(note)
+        return None
+
+
+def _check_picklable(namespace: dict) -> None:
+    import cloudpickle
+
+    for name, value in namespace.items():
+        if isinstance(value, type(sys)):
+            continue
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(
+                f"the cell uses `{name}` (a {type(value).__name__}), which cannot be sent to spawned workers "
+                f"({type(exc).__name__}: {exc}). Create it inside the cell, or use --start-method fork.") from None
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(AccelerateMagics)
