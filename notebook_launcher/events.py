@@ -17,8 +17,10 @@ Kinds of events
 ---------------
 ``status``   data: ``{"state": "starting" | "running" | "finished" | "failed"}``, with ``pid`` and ``local_rank``
              when starting and ``exit_code`` when finished or failed
-``stream``   data: ``{"stream": "stdout" | "stderr", "text": <one line without its newline>}`` (made by the kernel
-             from the worker's fd 1/2 pipes, so C/C++ output arrives too)
+``stream``   data: ``{"stream": "stdout" | "stderr", "text": <one line without its newline>}`` (made by the kernel:
+             from ``output`` events, and from the worker's fd 1/2 pipes, so C/C++ output arrives too)
+``output``   data: ``{"stream", "text"}``: a piece of text the worker's Python code wrote to sys.stdout/stderr
+             (on the event channel, so it keeps its order with log records; the kernel cuts it into lines)
 ``result``   data: ``{"type": <type name>, "bytes": <size>}``; attachment: the pickled return value
 ``failure``  data: ``{"type", "module", "message", "traceback", "exit_code"}``: the exception that ended the
              worker (the kernel also makes ``TruncatedEvent`` and ``CorruptEventStream`` failures)
@@ -65,6 +67,7 @@ LOG = "log"
 SHAPE_MISMATCH = "shape_mismatch"
 TRIGGER = "trigger"
 BATCH_SIZE = "batch_size"
+OUTPUT = "output"
 OOM_RETRY = "oom_retry"
 
 

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .failure import TRUNCATED_EVENT
-from .events import (EXIT, FAILURE, STATUS, STREAM, Event, ProgressRecord, FrameDecoder, LineSplitter, WorkerSpec,
+from .events import (EXIT, FAILURE, OUTPUT, STATUS, STREAM, Event, ProgressRecord, FrameDecoder, LineSplitter, WorkerSpec,
                      event_from_frame)
 
 _PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
@@ -325,6 +325,13 @@ class Supervisor:
             del worker.read_fds[channel]
         return bool(chunk)
 
+    def _finish_python_lines(self, rank: int) -> None:
+        """A last line the worker printed without a newline."""
+        for stream in ("stdout", "stderr"):
+            splitter = self._splitters.get((rank, stream, "python"))
+            for line in splitter.finish() if splitter else []:
+                self._emit(rank, STREAM, {"stream": stream, "text": line})
+
     def _drain(self, worker: WorkerProcess) -> None:
         """Everything a dead worker wrote is already in its pipes: read it all before reporting its exit."""
         for channel, fd in list(worker.read_fds.items()):
@@ -333,6 +340,13 @@ class Supervisor:
 
     def _emit_frame(self, rank: int, header: dict, attachment: bytes) -> None:
         header["rank"] = rank  # the pipe says who wrote it
+        if header.get("kind") == OUTPUT:  # Python-level text: cut into lines here, shown as stream events
+            data = header.get("data") or {}
+            stream = data.get("stream", "stdout")
+            splitter = self._splitters.setdefault((rank, stream, "python"), LineSplitter())
+            for line in splitter.feed(str(data.get("text", "")).encode("utf-8", "backslashreplace")):
+                self._emit(rank, STREAM, {"stream": stream, "text": line})
+            return
         self._seq[rank] = self._seq.get(rank, 0) + 1
         event = event_from_frame(header, attachment, self._seq[rank])
         self._deliver(event)
@@ -387,6 +401,7 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
         self._drain(worker)
+        self._finish_python_lines(worker.rank)
         ours = (None, signal.SIGTERM) + ((signal.SIGKILL,) if worker.sigkill_sent else ())
         if worker.signal not in ours:
             worker.stopped_by_launcher = False  # it died on its own (SIGSEGV, SIGABRT, an outside SIGKILL) first

@@ -28,8 +28,8 @@ import sys
 import time
 import traceback
 
-from .events import (BATCH_SIZE, FAILURE, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter, ProgressRecord,
-                     WorkerSpec, write_all)
+from .events import (BATCH_SIZE, FAILURE, OUTPUT, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter,
+                     ProgressRecord, WorkerSpec, write_all)
 from .logging import install_event_logging
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
@@ -40,15 +40,19 @@ _PR_SET_PDEATHSIG = 1
 
 
 class FdTextStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of a worker: every write goes straight to the file descriptor.
+    """``sys.stdout``/``sys.stderr`` of a worker: every write goes to the kernel at once, no buffer.
 
-    No buffer means no loss: a line printed just before a SIGKILL is already in the kernel's pipe.
+    Text written from Python travels as ``output`` events on the rank's event channel, so prints and log
+    records keep their order; C/C++ output reaches the same place through fd 1/2. No buffer means no loss: a
+    line printed just before a SIGKILL is already in the kernel's pipe.
     """
 
-    def __init__(self, fd: int, name: str):
+    def __init__(self, fd: int, name: str, channel: EventWriter | None = None):
         super().__init__()
         self._fd = fd
         self._name = name
+        self._channel = channel
+        self._stream = "stderr" if fd == 2 else "stdout"
         self.buffer = _FdBinaryStream(fd)
 
     @property
@@ -66,7 +70,11 @@ class FdTextStream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        write_all(self._fd, text.encode("utf-8", "backslashreplace"))
+        if self._channel is not None:
+            if text:
+                self._channel.emit(OUTPUT, {"stream": self._stream, "text": text})
+        else:
+            write_all(self._fd, text.encode("utf-8", "backslashreplace"))
         return len(text)
 
     def writable(self) -> bool:
@@ -138,8 +146,8 @@ def _run(spec: WorkerSpec, load_function) -> int:
     _die_with_parent(spec.parent_pid)
     _default_signal_handlers()
     atexit._clear()  # the kernel's exit handlers are not the worker's; the user's own run at the end
-    kernel_streams = _capture_streams(spec)
     events = EventWriter(spec.events_fd, spec.rank)
+    kernel_streams = _capture_streams(spec, events)
     install_event_logging(events, kernel_streams)
     _retarget_logging_handlers(kernel_streams)
     events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
@@ -262,7 +270,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(75)
 
 
-def _capture_streams(spec: WorkerSpec) -> tuple:
+def _capture_streams(spec: WorkerSpec, events: EventWriter) -> tuple:
     """Point fd 1/2 and sys.stdout/sys.stderr at the rank's pipes; returns the kernel's stream objects."""
     previous = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -272,8 +280,8 @@ def _capture_streams(spec: WorkerSpec) -> tuple:
         if source != target:  # under spawn the pipes already are fd 1 and 2
             os.dup2(source, target)
             os.close(source)
-    sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>")
-    sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>")
+    sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>", events)
+    sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>", events)
     sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the worker
     builtins.input = _no_input  # ipykernel's input() would ask the notebook over its sockets and never return
     faulthandler.enable(file=sys.stderr, all_threads=True)
