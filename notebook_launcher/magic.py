@@ -201,17 +201,14 @@ class AccelerateMagics(Magics):
 
 
 def _check_picklable(namespace: dict) -> None:
-    import cloudpickle
+    from .plan import first_unpicklable
 
-    for name, value in namespace.items():
-        if isinstance(value, type(sys)):
-            continue
-        try:
-            cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001
-            raise TypeError(
-                f"the cell uses `{name}` (a {type(value).__name__}), which cannot be sent to spawned workers "
-                f"({type(exc).__name__}: {exc}). Create it inside the cell, or use --start-method fork.") from None
+    culprit = first_unpicklable(namespace.items())
+    if culprit:
+        name, value, exc = culprit
+        raise TypeError(
+            f"the cell uses `{name}` (a {type(value).__name__}), which cannot be sent to spawned workers "
+            f"({type(exc).__name__}: {exc}). Create it inside the cell, or use --start-method fork.") from None
 
 
 def load_ipython_extension(ipython) -> None:

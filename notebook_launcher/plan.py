@@ -480,20 +480,31 @@ def spawn_payload(function, args) -> bytes:
         raise TypeError(
             f"function {name} cannot be pickled for start_method='spawn': {what}. Create that object inside the "
             f"function, or use start_method='fork'.") from exc
-    for index, value in enumerate(args):
+    culprit = first_unpicklable((f"args[{index}]", value) for index, value in enumerate(args))
+    if culprit:
+        label, value, exc = culprit
+        raise TypeError(
+            f"{label} (a {type(value).__name__}) cannot be pickled for start_method='spawn': "
+            f"{type(exc).__name__}: {exc}. Create it inside the function, or use start_method='fork'.") from exc
+    return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))  # raises what it raises
+
+
+def first_unpicklable(named_values):
+    """The first (name, value, error) that cloudpickle cannot pickle, modules skipped (they go by name)."""
+    import cloudpickle
+
+    for name, value in named_values:
+        if isinstance(value, type(sys)):
+            continue
         try:
             cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001
-            raise TypeError(
-                f"args[{index}] (a {type(value).__name__}) cannot be pickled for start_method='spawn': "
-                f"{type(exc).__name__}: {exc}. Create it inside the function, or use start_method='fork'.") from exc
-    return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))  # raises what it raises
+        except Exception as exc:  # noqa: BLE001 - any pickling error is reported the same way
+            return name, value, exc
+    return None
 
 
 def _unpicklable_reference(function) -> str:
     """The first global or closure variable of ``function`` that cloudpickle cannot pickle, described."""
-    import cloudpickle
-
     code = getattr(function, "__code__", None)
     if code is None:
         return ""
@@ -505,14 +516,8 @@ def _unpicklable_reference(function) -> str:
             continue
     function_globals = getattr(function, "__globals__", {})
     candidates += [(var, function_globals[var]) for var in code.co_names if var in function_globals]
-    for var, value in candidates:
-        if isinstance(value, type(sys)):
-            continue  # modules are pickled by reference
-        try:
-            cloudpickle.dumps(value)
-        except Exception:  # noqa: BLE001
-            return f"`{var}` (a {type(value).__name__})"
-    return ""
+    culprit = first_unpicklable(candidates)
+    return f"`{culprit[0]}` (a {type(culprit[1]).__name__})" if culprit else ""
 
 
 def import_xla_multiprocessing():
