@@ -99,10 +99,11 @@ def test_a_shape_mismatch_in_debug_mode_fails_every_rank_at_once(operation, num_
     assert "the same DistributedOperationException" in message
 
 
-def test_the_guides_broadcast_example_gives_the_exact_message():
+def test_the_guides_broadcast_example_gives_the_exact_message(capsys):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(mismatch, args=(MISMATCHES["notebook_launcher.ops.broadcast"],), num_processes=2,
                           device="cpu", debug=True)
+    assert capsys.readouterr().err.count("failed: DistributedOperationException") == 1  # shown once, not per rank
     expected = ("Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid."
                 "\n\nOperation: `notebook_launcher.ops.broadcast`\nInput shapes:\n  - Process 0: [1, 5]\n"
                 "  - Process 1: [1, 2, 5]\nCall sites:\n")

@@ -20,6 +20,7 @@ class TextDisplay:
         self._num_processes = num_processes
         self._prefixes: dict[int, str] = {}
         self._last_stream = "stdout"
+        self._said: set[tuple] = set()
 
     def prefix(self, rank: int) -> str:
         """torch elastic's template variables: ${rank}, ${local_rank}, ${role_name}; plus ${node_rank}."""
@@ -43,6 +44,10 @@ class TextDisplay:
             self._write("stdout", "".join(f"{prefix}{line}\n" for line in lines))
         elif event.kind == FAILURE:
             first_line = str(event.data.get("message", "")).split("\n", 1)[0]
+            said = (event.data.get("type"), first_line)
+            if event.data.get("all_ranks_raise") and said in self._said:
+                return  # every rank raises the same error (debug mode): it is shown once
+            self._said.add(said)
             self._write("stderr", f"{prefix}failed: {event.data.get('type')}: {first_line}\n")
         elif event.kind == EXIT and event.data.get("signal_name") and not event.data.get("stopped_by_launcher"):
             self._write("stderr", f"{prefix}killed by {event.data['signal_name']}\n")
