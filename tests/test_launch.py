@@ -242,7 +242,12 @@ def test_two_programs_launching_on_the_default_port_at_once_never_cross(tmp_path
     script.write_text(CONCURRENT_LAUNCHES)
     programs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True) for _ in range(2)]
-    outputs = [program.communicate(timeout=240)[0] for program in programs]
+    try:
+        outputs = [program.communicate(timeout=240)[0] for program in programs]
+    finally:
+        for program in programs:
+            program.kill()  # (their workers die with them: PR_SET_PDEATHSIG)
+            program.wait()
     for program, output in zip(programs, outputs):
         assert program.returncode == 0, output
         assert "all fine" in output

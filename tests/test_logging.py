@@ -3,14 +3,13 @@
 import logging
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from notebook_launcher import RankFailedError, get_logger, last_run, notebook_launcher
+from conftest import run_torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -163,10 +162,7 @@ def test_under_torchrun_the_rank_comes_from_the_environment(tmp_path):
         logger.info("main only")
         logger.info("every rank", main_process_only=False)
     """))
-    completed = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0", str(script)],
-        capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")})
+    completed = run_torchrun(script)
     assert completed.returncode == 0, completed.stderr
     lines = completed.stdout.splitlines()
     assert lines.count("main only") == 1

@@ -1,8 +1,6 @@
 """Collectives, debug mode, hang diagnosis and early-stop triggers, with real ranks on gloo."""
 
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -13,6 +11,7 @@ import torch
 from notebook_launcher import (LaunchTimeoutError, RankFailedError, check_trigger, last_run, notebook_launcher,
                                set_trigger)
 from notebook_launcher import ops
+from conftest import run_torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -271,11 +270,7 @@ def test_ops_work_under_torchrun(tmp_path):
         open(f"{sys.argv[1]}-{rank}.txt", "w").write(result)
         dist.destroy_process_group()
     """))
-    completed = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-         str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")})
+    completed = run_torchrun(script, tmp_path / "out")
     assert completed.returncode == 0, completed.stderr
     for rank in (0, 1):
         assert (tmp_path / f"out-{rank}.txt").read_text() == "gathered [0, 1] sum 2.0"
