@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean system-deps
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,10 @@ $(VENV)/.ready: pyproject.toml
 demo: $(VENV)/.ready
 	$(BIN)/python scripts/run_notebook.py notebooks/quickstart.ipynb
 
-test: $(VENV)/.ready
+system-deps:
+	bash scripts/install_system_deps.sh
+
+test: $(VENV)/.ready system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(VENV)/.ready

@@ -4,6 +4,7 @@
     result = notebook_launcher(train, args=(1e-3,), num_processes=2)
 """
 
+from .doctor import doctor, env_report, same_effective_batch, set_seed
 from .failure import LaunchTimeoutError, RankFailedError
 from .launcher import Run, last_run, notebook_launcher
 from .logging import get_logger
@@ -20,6 +21,8 @@ __all__ = [
     "LaunchTimeoutError",
     "RankFailedError",
     "check_trigger",
+    "doctor",
+    "env_report",
     "find_executable_batch_size",
     "free_memory",
     "Run",
@@ -27,6 +30,8 @@ __all__ = [
     "last_run",
     "notebook_launcher",
     "release_memory",
+    "same_effective_batch",
+    "set_seed",
     "set_trigger",
     "should_reduce_batch_size",
 ]

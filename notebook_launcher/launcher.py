@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
+import sys
 import time
 from typing import Any
 
@@ -17,6 +19,8 @@ from .supervisor import Supervisor
 
 _MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
 _last_run: "Run | None" = None
+_recent_runs: list = []
+_kernel_checked = False
 
 
 @dataclasses.dataclass
@@ -73,6 +77,11 @@ class Run:
 def last_run() -> Run | None:
     """The most recent launch in this process (results by rank, exit codes, events, failures)."""
     return _last_run
+
+
+def recent_runs() -> list[Run]:
+    """The launches of this process, oldest first (the last 20)."""
+    return list(_recent_runs)
 
 
 def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no", use_port="29500",
@@ -135,7 +144,10 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
               start_method=plan.start_method, num_processes=plan.num_processes, world_size=plan.world_size)
     _last_run = run
+    _recent_runs.append(run)
+    del _recent_runs[:-20]
     display = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
+    _warn_old_kernel_once(display)
     started = time.monotonic()
     try:
         if plan.runs_in_kernel:
@@ -236,6 +248,18 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
             "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
+
+
+def _warn_old_kernel_once(display: TextDisplay) -> None:
+    global _kernel_checked
+    if _kernel_checked or not sys.platform.startswith("linux"):
+        return
+    _kernel_checked = True
+    from .doctor import WARNING, check_kernel_release
+
+    check = check_kernel_release(platform.release())
+    if check.verdict == WARNING:
+        display.note(f"warning: Linux kernel {check.found} ({check.fix})")
 
 
 def _agreed_retry(failures: dict) -> dict:

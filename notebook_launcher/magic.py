@@ -18,7 +18,7 @@ import linecache
 import os
 import sys
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 MAX_RETURN_BYTES = 2**30  # a value bigger than this pickled stays on the ranks
@@ -126,6 +126,19 @@ def names_assigned(tree: ast.Module) -> list[str]:
 
 @magics_class
 class AccelerateMagics(Magics):
+    @line_magic
+    def accelerate_doctor(self, line):
+        """Check this machine against the troubleshooting guide: ``%accelerate_doctor [-n N] [--hostfile F]``."""
+        from .doctor import doctor
+
+        args = parse_argstring(self.accelerate_doctor, line)
+        return doctor(num_processes=args.num_processes, hostfile=args.hostfile)
+
+    accelerate_doctor = magic_arguments()(
+        argument("-n", "--num-processes", type=int, default=None, help="ranks you plan to start")(
+            argument("--hostfile", default=None, help="hosts for the multi-CPU (MPI/SSH) checks")(
+                accelerate_doctor)))
+
     @magic_arguments()
     @argument("-n", "--num-processes", type=int, default=None,
               help="ranks to start (default: one per GPU, else 2 CPU workers)")

@@ -40,6 +40,7 @@ CELLS = {
     "failure": ("%%accelerate -n 2 --no-return\nimport torch.distributed as dist\nx = 1\n"
                 "if dist.get_rank() == 1:\n    raise ValueError('rank 1 broke')\n"),
     "help": "print(get_ipython().find_cell_magic('accelerate').__doc__)",
+    "doctor": "%accelerate_doctor -n 2",
     "children": "import psutil; print('children', len(psutil.Process().children(recursive=True)))",
 }
 
@@ -132,3 +133,9 @@ def test_the_magic_notebook_runs_end_to_end(tmp_path, repo_root):
                                 str(notebook)], capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "notebook_launcher: back from rank 0: " in completed.stdout and "accuracy 0." in completed.stdout
+
+
+def test_accelerate_doctor_line_magic_shows_the_checks(executed):
+    outputs = executed["doctor"]["outputs"]
+    shown = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "Linux kernel" in shown and "CUDA in this kernel" in shown and "[  ok   ]" in shown
