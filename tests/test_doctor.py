@@ -156,3 +156,16 @@ def test_same_effective_batch_and_the_reproducibility_check(monkeypatch):
     notebook_launcher(train, args=(16,), num_processes=2, device="cpu")
     check = check_reproducibility()
     assert check.verdict == WARNING and "effective batch size changed: 64" in check.found and "-> 32" in check.found
+
+
+def test_an_old_kernel_is_warned_about_once_at_launch(monkeypatch, capsys):
+    import platform
+
+    from notebook_launcher import launcher
+
+    monkeypatch.setattr(launcher, "_kernel_checked", False)
+    monkeypatch.setattr(platform, "release", lambda: "5.4.0-generic")
+    notebook_launcher(lambda: None, num_processes=2, device="cpu")
+    notebook_launcher(lambda: None, num_processes=2, device="cpu")
+    out = capsys.readouterr().out
+    assert out.count("warning: Linux kernel 5.4.0-generic: older than 5.5") == 1
