@@ -114,6 +114,9 @@ class FailureTracker:
         line = self._last_line.get(rank)
         return f"{state}; last output: {line[:200]!r}" if line else state
 
+    def state(self, rank: int) -> str:
+        return self._states.get(rank, "starting")
+
     def stderr_since(self, rank: int, seq: int) -> list[str]:
         return [text for line_seq, text in self._stderr.get(rank, ()) if line_seq > seq]
 

@@ -223,8 +223,11 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         ranks = [worker.rank for worker in supervisor.workers]
         if supervisor.stop_reason in ("hang", "timeout"):
             run.status = "hung" if supervisor.stop_reason == "hang" else "timed out"
-            raise LaunchTimeoutError(hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq,
-                                                  plan.timeout, run.run_dir, supervisor.stop_reason == "timeout"), run)
+            message = hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq, plan.timeout,
+                                   run.run_dir, supervisor.stop_reason == "timeout")
+            if all(tracker.state(rank) == "starting" for rank in ranks):
+                message = _rendezvous_note(plan) + "\n\n" + message
+            raise LaunchTimeoutError(message, run)
         failures = tracker.failures()
         if not failures and supervisor.stop_reason is None:
             run.status = "finished"
@@ -248,6 +251,18 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
             "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
+
+
+def _rendezvous_note(plan) -> str:
+    """No rank got past joining the process group: on several nodes, a node that never arrived."""
+    where = f"{plan.master_addr}:{plan.master_port}"
+    if plan.num_nodes > 1:
+        return (f"The ranks of node {plan.node_rank} waited at the rendezvous ({where}) for all {plan.world_size} "
+                f"ranks and not all arrived within timeout={plan.timeout:g} s: a node never joined. Start the "
+                f"same launch on every node, each with its own node_rank (0..{plan.num_nodes - 1}), the same "
+                f"num_nodes, master_addr and use_port, and check that {where} is reachable from every node.")
+    return (f"No rank finished joining the process group ({where}) within timeout={plan.timeout:g} s; see where "
+            f"each one was below.")
 
 
 def _warn_old_kernel_once(display: TextDisplay) -> None:
