@@ -83,34 +83,29 @@ def running_kernel(cwd, env=None):
         assert not kernel.is_running(), "the kernel outlived its shutdown"
 
 
-def _shell_reply(kc, msg_id: str, timeout: float) -> dict:
+def _messages(get, msg_id: str, timeout: float, waiting_for: str):
+    """The messages of one execution from one channel (``get``: the client's get_*_msg), within ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"no execute reply within {timeout} s")
         try:
-            msg = kc.get_shell_msg(timeout=remaining)
+            if remaining <= 0:
+                raise queue.Empty
+            msg = get(timeout=remaining)
         except queue.Empty:
-            raise TimeoutError(f"no execute reply within {timeout} s") from None
+            raise TimeoutError(f"{waiting_for} within {timeout} s") from None
         if msg["parent_header"].get("msg_id") == msg_id:
-            return msg
+            yield msg
+
+
+def _shell_reply(kc, msg_id: str, timeout: float) -> dict:
+    return next(_messages(kc.get_shell_msg, msg_id, timeout, "no execute reply"))
 
 
 def _iopub_outputs(kc, msg_id: str, timeout: float) -> list[dict]:
     """The output messages of one execution, up to the kernel going idle after it."""
     outputs = []
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"the kernel did not go idle within {timeout} s")
-        try:
-            msg = kc.get_iopub_msg(timeout=remaining)
-        except queue.Empty:
-            raise TimeoutError(f"the kernel did not go idle within {timeout} s") from None
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
+    for msg in _messages(kc.get_iopub_msg, msg_id, timeout, "the kernel did not go idle"):
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return outputs
         if msg["msg_type"] in ("stream", "execute_result", "display_data", "error"):
