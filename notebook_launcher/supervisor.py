@@ -377,6 +377,8 @@ class Supervisor:
             self._reported_failure.add(event.rank)
             return True
         if event.kind == EXIT:
+            if event.rank in self._reported_failure:
+                return False  # its failure already counted; the others may still be raising the same error
             return event.data.get("exit_code") != 0 or event.rank not in self._finished_ranks
         return False
 
