@@ -10,6 +10,7 @@ from .launcher import Run, last_run, notebook_launcher
 from .logging import get_logger
 from .memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
 from .ops import DistributedOperationException
+from .progress import report
 from .triggers import check_trigger, set_trigger
 from .plan import LaunchArgumentError
 
@@ -30,6 +31,7 @@ __all__ = [
     "last_run",
     "notebook_launcher",
     "release_memory",
+    "report",
     "same_effective_batch",
     "set_seed",
     "set_trigger",

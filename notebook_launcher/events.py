@@ -18,7 +18,8 @@ Kinds of events
 ``status``   data: ``{"state": "starting" | "running" | "finished" | "failed"}``, with ``pid`` and ``local_rank``
              when starting and ``exit_code`` when finished or failed
 ``stream``   data: ``{"stream": "stdout" | "stderr", "text": <one line without its newline>}`` (made by the kernel:
-             from ``output`` events, and from the worker's fd 1/2 pipes, so C/C++ output arrives too)
+             from ``output`` events, and from the worker's fd 1/2 pipes, so C/C++ output arrives too); with
+             ``"redraw": True`` it is the newest state of a line still being redrawn with ``\r`` (a tqdm bar)
 ``output``   data: ``{"stream", "text"}``: a piece of text the worker's Python code wrote to sys.stdout/stderr
              (on the event channel, so it keeps its order with log records; the kernel cuts it into lines)
 ``result``   data: ``{"type": <type name>, "bytes": <size>}``; attachment: the pickled return value
@@ -34,6 +35,7 @@ Kinds of events
 ``oom_retry`` data: ``{"key", "ranks", "batch_size", "new_batch_size", "error", "memory"}`` (made by the kernel):
              rank(s) ran out of memory; every rank restarts at the new size. A rank's own report travels as
              the ``oom_retry`` field of its ``failure`` event
+``progress`` data: ``{"step", "total", "metrics": {name: number}}``: ``report(step=..., **metrics)``
 ``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
              ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
@@ -69,6 +71,7 @@ TRIGGER = "trigger"
 BATCH_SIZE = "batch_size"
 OUTPUT = "output"
 OOM_RETRY = "oom_retry"
+PROGRESS = "progress"
 
 
 @dataclass
@@ -190,6 +193,7 @@ class LineSplitter:
 
     def __init__(self):
         self._partial = b""
+        self._last_redraw = b""
 
     MAX_LINE_BYTES = 64 * 1024  # a longer unfinished line (a progress bar redrawn with \r) is shown in pieces
 
@@ -201,6 +205,21 @@ class LineSplitter:
             self._partial = b""
         return [_decode_line(line) for line in lines]
 
+    def redraw(self) -> str | None:
+        """The newest state of an unfinished line that redraws itself with ``\r`` (a tqdm bar), once per change.
+
+        Older redraws are dropped, so a bar that runs for hours costs one line of memory, and the line that
+        finally ends with a newline is only its last state (what a terminal shows)."""
+        cut = self._partial.rfind(b"\r")
+        if cut < 0:
+            return None
+        latest = self._partial[cut + 1:]
+        self._partial = self._partial[cut:]
+        if not latest or latest == self._last_redraw:
+            return None
+        self._last_redraw = latest
+        return _decode_line(latest)
+
     def finish(self) -> list[str]:
         """At EOF: the last line even if the worker never ended it with a newline."""
         rest, self._partial = self._partial, b""
@@ -208,7 +227,8 @@ class LineSplitter:
 
 
 def _decode_line(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace").rstrip("\r")
+    """A line as a terminal shows it: what follows its last carriage return."""
+    return raw.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", errors="replace")
 
 
 def event_from_frame(header: dict, attachment: bytes, seq: int) -> Event:

@@ -76,7 +76,7 @@ class FailureTracker:
             self._states[rank] = event.data.get("state", self._states.get(rank, "starting"))
         elif event.kind == STREAM:
             self._last_line[rank] = event.data["text"]
-            if event.data.get("stream") == "stderr":
+            if event.data.get("stream") == "stderr" and not event.data.get("redraw"):
                 self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).append((event.seq, event.data["text"]))
         elif event.kind == FAILURE and rank not in self._failures:
             text = f"{event.data.get('type', '')}: {event.data.get('message', '')}"

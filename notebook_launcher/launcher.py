@@ -11,6 +11,8 @@ from typing import Any
 
 from . import plan as planning
 from .display import TextDisplay
+from .display.panel import DISPLAYS, PanelDisplay, wants_panel
+from .display.state import RunState
 from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
 from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
@@ -48,6 +50,8 @@ class Run:
     attempts: int = 0
     batch_sizes: dict = dataclasses.field(default_factory=dict)  # find_executable_batch_size: latest size per function
     oom_retries: list = dataclasses.field(default_factory=list)  # each restart after an out-of-memory error
+    stuck_ranks: list = dataclasses.field(default_factory=list)  # a hang or timeout: the ranks that were waiting
+    stacks: dict = dataclasses.field(default_factory=dict)  # a hang or timeout: each rank's Python stacks (text)
     started_at: float = dataclasses.field(default_factory=time.time)
     duration: float = 0.0
 
@@ -57,7 +61,7 @@ class Run:
     def output(self, rank: int | None = None, stream: str | None = None) -> list[str]:
         """The lines the workers printed (all ranks, or one), in the order received."""
         return [event.data["text"] for event in self.events
-                if event.kind == "stream" and (rank is None or event.rank == rank)
+                if event.kind == "stream" and not event.data.get("redraw") and (rank is None or event.rank == rank)
                 and (stream is None or event.data.get("stream") == stream)]
 
     def summary(self) -> dict:
@@ -88,7 +92,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
-                      timeout=None, debug=None, config_file=None, memory_limit=None):
+                      timeout=None, debug=None, config_file=None, memory_limit=None, display="auto"):
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
 
     Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
@@ -108,13 +112,17 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
       ``ACCELERATE_CONFIG_FILE``, else Accelerate's default config file); False turns it off whatever they say.
     - ``memory_limit``: bytes (or "3GB") of address space per worker: a worker over it fails with a clear
       out-of-memory error (and ``find_executable_batch_size`` retries smaller, all ranks together).
+    - ``display``: ``"auto"`` shows the live run panel in a Jupyter kernel (one output, updated while the run
+      goes on: a column per rank, progress from ``report()`` or tqdm, shape-mismatch cards, out-of-memory
+      retries, the root cause first; saved with the notebook) and prefixed text lines elsewhere. ``"panel"`` or
+      ``"text"`` force one; ``$NOTEBOOK_LAUNCHER_DISPLAY`` sets what "auto" means.
 
     Each worker gets MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     ACCELERATE_MIXED_PRECISION (and ACCELERATE_USE_CPU on CPU), and an initialized default process group, so
     plain DDP code and ``accelerate.Accelerator()`` both work inside ``function``. If ``use_port`` is taken, a
     free port is used (single-node runs). Workers' stdout/stderr (Python and C++) show in this cell, each line
-    prefixed with its rank (``log_line_prefix_template``, default ``"[rank ${rank}] "``), and go to a run log
-    on disk.
+    prefixed with its rank (``log_line_prefix_template``, default ``"[rank ${rank}] "``) or in the panel's
+    rank columns, and go to a run log on disk.
 
     If any rank raises, exits or is killed, every other rank is stopped (with its child processes) and a
     ``RankFailedError`` names the rank that failed first, with its traceback, then what the others were doing.
@@ -135,6 +143,10 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     """
     global _last_run
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
+    if display not in DISPLAYS:
+        raise planning.LaunchArgumentError(
+            f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
+            f"Jupyter, text elsewhere), \"panel\" or \"text\"")
     plan = planning.make_plan(
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
@@ -146,7 +158,14 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     _last_run = run
     _recent_runs.append(run)
     del _recent_runs[:-20]
-    display = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
+    text = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
+    panel = None
+    if wants_panel(display) and not plan.runs_in_kernel and plan.device != "xla":
+        panel = PanelDisplay(RunState(run.run_id, run.run_dir, plan.device, plan.backend, plan.start_method,
+                                      plan.num_processes, plan.world_size,
+                                      [plan.global_rank(local) for local in range(plan.num_processes)]),
+                             plan.log_line_prefix_template)
+    display = panel or text
     _warn_old_kernel_once(display)
     started = time.monotonic()
     try:
@@ -162,11 +181,19 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         display.note("interrupted" if plan.runs_in_kernel else
                      f"interrupted: stopped all {plan.num_processes} worker(s)")
         raise
-    except BaseException:
+    except BaseException as error:
         if run.status in ("starting", "running"):
             run.status = "failed"
+        if panel is not None:
+            panel.finish(run.status, failure=_failure_for_panel(run, error), stuck_ranks=run.stuck_ranks)
+            panel = None
         raise
     finally:
+        if panel is not None:  # finished, or interrupted
+            panel.finish(run.status, result_type=type(run.result(0)).__name__ if run.status == "finished" else None,
+                         failure={"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt",
+                                  "traceback": "", "message": "interrupted: every worker was stopped",
+                                  "stacks": {}} if run.status == "interrupted" else None)
         run.duration = time.monotonic() - started
         payload_file = log.file("payload.pkl")
         if os.path.exists(payload_file):
@@ -175,7 +202,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         log.close()
 
 
-def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: bytes):
+def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
     if plan.start_method == "fork":
         import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (~1 s each)
     payload_path = ""
@@ -210,7 +237,7 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             display.note(plan.describe())
         tracker = FailureTracker()
         in_order = InOrderRelease([plan.global_rank(local) for local in range(plan.num_processes)], display.show)
-        supervisor = Supervisor(plan, on_event, payload_path, on_tick=in_order.release,
+        supervisor = Supervisor(plan, on_event, payload_path, on_tick=_both(in_order.release, display.tick),
                                 store_listen_fd=reservation.fileno() if reservation else -1, progress_dir=run.run_dir)
         run.status = "running"
         try:  # once started, rank 0 has its own copy of the listening socket
@@ -225,6 +252,10 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
             run.status = "hung" if supervisor.stop_reason == "hang" else "timed out"
             message = hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq, plan.timeout,
                                    run.run_dir, supervisor.stop_reason == "timeout")
+            run.stuck_ranks = sorted(rank for rank, info in supervisor.snapshot.items()
+                                     if info.get("state") == "running")
+            run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq))
+                          for rank, seq in supervisor.stack_dump_seq.items()}
             if all(tracker.state(rank) == "starting" for rank in ranks):
                 message = _rendezvous_note(plan) + "\n\n" + message
             raise LaunchTimeoutError(message, run)
@@ -251,6 +282,23 @@ def _run_workers(plan, run: Run, log: RunLog, display: TextDisplay, payload: byt
         on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
             "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
+
+
+def _both(first, second):
+    def both():
+        first()
+        second()
+    return both
+
+
+def _failure_for_panel(run: Run, error: BaseException) -> dict:
+    """What the panel shows first when a run ends badly: the root cause's traceback, then the whole story."""
+    cause = run.root_cause
+    kind = {"hung": "hang", "timed out": "timeout"}.get(run.status, "failure")
+    return {"kind": kind, "rank": cause.rank if cause and kind == "failure" else None,
+            "type": cause.type if cause and kind == "failure" else type(error).__name__,
+            "traceback": cause.traceback if cause and kind == "failure" else "",
+            "message": str(error), "stacks": {str(rank): text for rank, text in run.stacks.items()}}
 
 
 def _rendezvous_note(plan) -> str:

@@ -319,6 +319,7 @@ class Supervisor:
             lines = splitter.feed(chunk) if chunk else splitter.finish()
             for line in lines:
                 self._emit(worker.rank, STREAM, {"stream": channel, "text": line})
+            self._emit_redraw(worker.rank, channel, splitter)
         if not chunk:
             self._selector.unregister(fd)
             os.close(fd)
@@ -346,10 +347,17 @@ class Supervisor:
             splitter = self._splitters.setdefault((rank, stream, "python"), LineSplitter())
             for line in splitter.feed(str(data.get("text", "")).encode("utf-8", "backslashreplace")):
                 self._emit(rank, STREAM, {"stream": stream, "text": line})
+            self._emit_redraw(rank, stream, splitter)
             return
         self._seq[rank] = self._seq.get(rank, 0) + 1
         event = event_from_frame(header, attachment, self._seq[rank])
         self._deliver(event)
+
+    def _emit_redraw(self, rank: int, stream: str, splitter: LineSplitter) -> None:
+        """A line redrawn in place (a progress bar) is passed on as it changes, marked so it is not a new line."""
+        latest = splitter.redraw()
+        if latest is not None:
+            self._emit(rank, STREAM, {"stream": stream, "text": latest, "redraw": True})
 
     def _emit(self, rank: int, kind: str, data: dict) -> None:
         self._seq[rank] = self._seq.get(rank, 0) + 1

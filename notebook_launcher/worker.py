@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 
-from .events import (BATCH_SIZE, FAILURE, OUTPUT, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter,
+from .events import (BATCH_SIZE, FAILURE, OUTPUT, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter,
                      ProgressRecord, WorkerSpec, write_all)
 from .logging import install_event_logging
 
@@ -161,6 +161,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
         if process_group_up:
             _install_collective_hooks(spec, events)
         _prepare_memory_handling(spec, events)
+        _connect_progress_reports(events)
         events.emit(STATUS, {"state": "running"})
         result = function(*args)
         _report_result(events, result)
@@ -315,6 +316,12 @@ def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
     install_collective_hooks(spec.debug, on_mismatch=lambda data: events.emit(SHAPE_MISMATCH, data),
                              progress=progress)
     triggers._on_trigger = lambda data: events.emit(TRIGGER, data)
+
+
+def _connect_progress_reports(events: EventWriter) -> None:
+    from . import progress
+
+    progress._on_report = lambda data: events.emit(PROGRESS, data)
 
 
 def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:

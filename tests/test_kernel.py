@@ -25,6 +25,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 KERNEL_NAME = "python3"
+PANEL_MIME = "application/vnd.notebook-launcher.run.v1+json"
 KERNEL_START_S = 60
 SHUTDOWN_S = 15
 GONE_WITHIN_S = 10
@@ -108,7 +109,7 @@ def _iopub_outputs(kc, msg_id: str, timeout: float) -> list[dict]:
     for msg in _messages(kc.get_iopub_msg, msg_id, timeout, "the kernel did not go idle"):
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return outputs
-        if msg["msg_type"] in ("stream", "execute_result", "display_data", "error"):
+        if msg["msg_type"] in ("stream", "execute_result", "display_data", "update_display_data", "error"):
             outputs.append(msg)
 
 
@@ -120,6 +121,18 @@ def run_cell(kc, code: str, timeout: float = 60) -> tuple[dict, list[dict]]:
 
 def _stream(outputs: list[dict], name: str = "stdout") -> str:
     return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
+def _panel(outputs: list[dict]) -> dict:
+    """The run panel's latest state among an execution's messages (its display, then its updates)."""
+    panels = [m["content"]["data"][PANEL_MIME] for m in outputs
+              if m["msg_type"] in ("display_data", "update_display_data") and PANEL_MIME in m["content"]["data"]]
+    assert panels, f"no run panel among {[m['msg_type'] for m in outputs]}"
+    return panels[-1]
+
+
+def _panel_lines(panel: dict, rank: int) -> list[str]:
+    return [line["text"] for line in panel["ranks"][rank]["lines"]]
 
 
 def _result(outputs: list[dict]) -> str | None:
@@ -149,16 +162,17 @@ def hello(n):
     print(f"a warning from rank {rank}", file=sys.stderr)
     return {"rank": rank, "world_size": dist.get_world_size(), "lines": n}
 
-notebook_launcher(hello, args=(5,), num_processes=2, start_method=START_METHOD)
+notebook_launcher(hello, args=(5,), num_processes=2, start_method=START_METHOD, display=DISPLAY)
 '''
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("start_method", ["auto", "spawn"])
-def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_dir, start_method):
+@pytest.mark.parametrize("start_method,display", [("auto", "auto"), ("spawn", "auto"), ("auto", "text")])
+def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_dir, start_method, display):
     from nbclient import NotebookClient
 
-    notebook = new_notebook(cells=[new_code_cell(f"START_METHOD = {start_method!r}"), new_code_cell(HELLO_CELL)],
+    notebook = new_notebook(cells=[new_code_cell(f"START_METHOD = {start_method!r}; DISPLAY = {display!r}"),
+                                   new_code_cell(HELLO_CELL)],
                             metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3",
                                                      "language": "python"}})
     client = NotebookClient(notebook, timeout=60, kernel_name=KERNEL_NAME,
@@ -169,6 +183,14 @@ def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_
         pytest.fail(f"{type(error).__name__}: {error}\noutputs so far: {notebook.cells[1].get('outputs')}")
 
     outputs = notebook.cells[1].outputs
+    results = [o for o in outputs if o.output_type == "execute_result"]
+    assert len(results) == 1, outputs
+    assert results[0].data["text/plain"] == "{'rank': 0, 'world_size': 2, 'lines': 5}"
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert runs_dir.is_dir() and any(runs_dir.iterdir()), "the kernel did not write its run log where it was told"
+    if display == "auto":  # in a kernel: the run panel, one output updated in place, and nothing else
+        _assert_hello_panel(outputs)
+        return
     stdout = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
     stderr = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stderr")
     lines = stdout.splitlines()
@@ -181,11 +203,24 @@ def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_
             f"[rank {rank}] line {i} of rank {rank}" for i in range(5)], stdout
         assert f"[rank {rank}] a warning from rank {rank}\n" in stderr, stderr
 
-    results = [o for o in outputs if o.output_type == "execute_result"]
-    assert len(results) == 1, outputs
-    assert results[0].data["text/plain"] == "{'rank': 0, 'world_size': 2, 'lines': 5}"
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert runs_dir.is_dir() and any(runs_dir.iterdir()), "the kernel did not write its run log where it was told"
+
+def _assert_hello_panel(outputs) -> None:
+    assert [o.output_type for o in outputs] == ["display_data", "execute_result"], outputs
+    panel = outputs[0].data[PANEL_MIME]
+    assert panel["status"] == "finished" and panel["world_size"] == 2 and panel["result"] == {"type": "dict"}
+    assert panel["notes"][0].startswith("2 processes on cpu (gloo), start method "), panel["notes"]
+    for rank in (0, 1):
+        column = panel["ranks"][rank]
+        assert column["rank"] == rank and column["status"] == "finished" and column["exit_code"] == 0
+        assert [(line["kind"], line["text"]) for line in column["lines"]] == [
+            ("stdout", f"line {i} of rank {rank}") for i in range(5)] + [("stderr", f"a warning from rank {rank}")]
+    plain = outputs[0].data["text/plain"].splitlines()  # what nbconvert --to markdown shows
+    assert plain[0].startswith("notebook_launcher run ") and ": finished, 2 ranks on cpu (gloo, " in plain[0]
+    for rank in (0, 1):
+        assert [line for line in plain if line.startswith(f"[rank {rank}] line ")] == [
+            f"[rank {rank}] line {i} of rank {rank}" for i in range(5)]
+    html = outputs[0].data["text/html"]
+    assert "line 4 of rank 1" in html and "<script" not in html
 
 
 # -- (b) interrupting the kernel while workers are running ---------------------------------------------------------
@@ -254,9 +289,10 @@ def test_interrupt_stops_every_worker_and_the_kernel_stays_usable(tmp_path, runs
             outputs = _iopub_outputs(kc, msg_id, timeout=30)
             assert reply["content"]["status"] == "error", reply["content"]
             assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
-            stdout = _stream(outputs)
+            panel = _panel(outputs)
+            assert panel["status"] == "interrupted" and panel["failure"]["kind"] == "interrupted", panel
             for rank, pid in enumerate(pids):
-                assert f"[rank {rank}] rank {rank} started as pid {pid}\n" in stdout, stdout
+                assert f"rank {rank} started as pid {pid}" in _panel_lines(panel, rank), panel
 
             still_there = lambda: [pid for pid in pids if not _gone(pid)]  # noqa: E731
             assert _wait_until(lambda: not still_there(), timeout=GONE_WITHIN_S), (
@@ -272,7 +308,9 @@ def test_interrupt_stops_every_worker_and_the_kernel_stays_usable(tmp_path, runs
             reply, outputs = run_cell(kc, AGAIN_CELL)
             _assert_ok(reply, outputs)
             assert _result(outputs) == "21.0", outputs
-            assert "[rank 0] sum is 21.0\n" in _stream(outputs) and "[rank 1] sum is 21.0\n" in _stream(outputs)
+            panel = _panel(outputs)
+            assert panel["status"] == "finished"
+            assert _panel_lines(panel, 0) == _panel_lines(panel, 1) == ["sum is 21.0"]
             assert kernel.children(recursive=True) == [], "the second launch left child processes"
         finally:
             _kill_leftovers(workers)

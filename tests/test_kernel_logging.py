@@ -124,7 +124,9 @@ def _execute_notebook(notebook, cwd) -> None:
 
 # -- the test -------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_rank_aware_logging_in_a_kernel_shows_exactly_the_expected_lines_in_rank_order(tmp_path, runs_dir):
+def test_rank_aware_logging_in_a_kernel_shows_exactly_the_expected_lines_in_rank_order(tmp_path, runs_dir,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_DISPLAY", "text")  # the kernel inherits it: the text display's lines
     notebook = new_notebook(cells=[new_code_cell(f"CALLS = {CALLS}"), new_code_cell(LAUNCH_CELL),
                                    new_code_cell(EVENTS_CELL), new_code_cell(PLAIN_CELL)],
                             metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3",

@@ -68,6 +68,8 @@ def text(cell) -> str:
     for output in cell.get("outputs", []):
         if output["output_type"] == "stream":
             parts.append(output["text"])
+        elif output["output_type"] == "display_data":  # the run panel's text fallback
+            parts.append(output["data"].get("text/plain", "") + "\n")
         elif output["output_type"] == "error":
             parts.append("\n".join(output["traceback"]))
             parts.append(f"{output['ename']}: {output['evalue']}")

@@ -33,6 +33,8 @@ class TextDisplay:
     def show(self, event: Event) -> None:
         prefix = self.prefix(event.rank)
         if event.kind == STREAM:
+            if event.data.get("redraw"):
+                return  # a progress bar's intermediate state: its final line comes with its newline
             self._write(event.data.get("stream", "stdout"), f"{prefix}{event.data['text']}\n")
         elif event.kind == LOG and "message" in event.data:
             data = event.data
@@ -69,6 +71,9 @@ class TextDisplay:
             (sys.stderr if self._last_stream == "stderr" else sys.stdout).flush()
             self._last_stream = stream
         (sys.stderr if stream == "stderr" else sys.stdout).write(text)
+
+    def tick(self) -> None:
+        """Nothing to refresh: lines are written as they arrive."""
 
     @staticmethod
     def note(text: str) -> None:

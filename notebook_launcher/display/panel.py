@@ -1,0 +1,92 @@
+"""The live run panel: one output in the launching cell, updated from the events while the run goes on.
+
+The output carries the state payload for the JupyterLab extension plus ``text/html`` and ``text/plain``
+fallbacks (``fallback.py``), and is updated in place through its display id at most ``MAX_UPDATES_PER_S`` times a
+second (and once a second while nothing happens, so the elapsed time moves). The last update, made when the run
+ends, is what the saved notebook keeps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..events import Event
+from .fallback import render_html, render_text
+from .state import MIME_TYPE, RunState
+
+MAX_UPDATES_PER_S = 4
+IDLE_UPDATE_S = 1.0
+DISPLAY_ENV_VAR = "NOTEBOOK_LAUNCHER_DISPLAY"
+DISPLAYS = ("auto", "panel", "text")
+
+
+def in_jupyter_kernel() -> bool:
+    """True inside an IPython kernel that a frontend talks to (not terminal IPython, not plain Python)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def wants_panel(display: str) -> bool:
+    """``display="auto"``: the panel in a Jupyter kernel, text elsewhere; $NOTEBOOK_LAUNCHER_DISPLAY decides
+    what "auto" means when it is set to "panel" or "text"."""
+    if display == "auto":
+        display = os.environ.get(DISPLAY_ENV_VAR, "auto").strip().lower() or "auto"
+        if display not in DISPLAYS:
+            display = "auto"
+    if display == "auto":
+        return in_jupyter_kernel()
+    return display == "panel"
+
+
+class PanelDisplay:
+    """Same interface as ``TextDisplay`` (``show``, ``note``), plus ``tick`` and ``finish``."""
+
+    def __init__(self, state: RunState, prefix_template: str = "[rank ${rank}] "):
+        self.state = state
+        self._prefix_template = prefix_template
+        self._handle = None
+        self._published_changes = -1
+        self._published_at = 0.0
+        self.updates = 0  # how many times the output was sent (for tests and benchmarks)
+
+    def bundle(self) -> dict:
+        payload = self.state.to_json()
+        return {MIME_TYPE: payload, "text/html": render_html(payload),
+                "text/plain": render_text(payload, self._prefix_template)}
+
+    def show(self, event: Event) -> None:
+        self.state.observe(event)
+        self.tick()
+
+    def note(self, text: str) -> None:
+        self.state.note(text)
+        self.tick()
+
+    def tick(self) -> None:
+        """Publish if something changed and the last update is old enough, or if the clock should move."""
+        now = time.monotonic()
+        since = now - self._published_at
+        changed = self.state.changes != self._published_changes
+        if (changed and since >= 1.0 / MAX_UPDATES_PER_S) or since >= IDLE_UPDATE_S:
+            self.publish()
+
+    def publish(self) -> None:
+        from IPython.display import display
+
+        bundle = self.bundle()
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+        self._published_changes = self.state.changes
+        self._published_at = time.monotonic()
+        self.updates += 1
+
+    def finish(self, status: str, **details) -> None:
+        self.state.finish(status, **details)
+        self.publish()

@@ -1,0 +1,253 @@
+"""The state of one run as the panel shows it, built from the events as they arrive.
+
+``RunState.to_json()`` is the payload of the MIME type ``application/vnd.notebook-launcher.run.v1+json``
+(documented in ``labextension/SCHEMA.md``). It is bounded whatever the run prints: each rank keeps its newest
+``lines_per_rank`` lines and ``history_points`` progress points; everything is in the run log on disk.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+
+from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, STREAM,
+                      TRIGGER, Event)
+
+MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
+LINES_PER_RANK = 200
+HISTORY_POINTS = 200
+MAX_TEXT = 2000  # one line's characters in the panel (the run log keeps all of it)
+MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
+
+# tqdm's bar as it prints it: "train:  45%|####5     | 45/100 [00:01<00:01, 40.20it/s]"
+_TQDM = re.compile(r"(?:(?P<desc>.*?): *)?\d+%\|.*?\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
+
+
+class RankState:
+    def __init__(self, rank: int, lines_per_rank: int):
+        self.rank = rank
+        self.host: str | None = None
+        self.status = "starting"
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.lines: deque = deque(maxlen=lines_per_rank)
+        self.lines_total = 0
+        self.progress: dict | None = None
+        self.history: deque = deque(maxlen=HISTORY_POINTS)
+        self._last_step: tuple[int, float] | None = None  # (step, time) of the previous report
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "host": self.host, "status": self.status, "pid": self.pid,
+                "exit_code": self.exit_code, "lines": list(self.lines), "lines_total": self.lines_total,
+                "lines_dropped": self.lines_total - len(self.lines), "progress": self.progress,
+                "history": list(self.history)}
+
+
+class RunState:
+    """Folds events into what the panel shows. Not thread-safe: fed from the launching cell's thread."""
+
+    def __init__(self, run_id: str, run_dir: str, device: str, backend: str, start_method: str,
+                 num_processes: int, world_size: int, ranks, lines_per_rank: int = LINES_PER_RANK):
+        self.header = {"run_id": run_id, "run_dir": run_dir, "device": device, "backend": backend,
+                       "start_method": start_method, "num_processes": num_processes, "world_size": world_size}
+        self.status = "starting"
+        self.started_at = time.time()
+        self._started = time.monotonic()
+        self._ended: float | None = None
+        self.attempt = 1
+        self.notes: list[str] = []
+        self.ranks = {rank: RankState(rank, lines_per_rank) for rank in ranks}
+        self.shape_mismatches: list[dict] = []
+        self.oom_retries: list[dict] = []
+        self.triggers: list[dict] = []
+        self.batch_size: int | None = None
+        self.failure: dict | None = None
+        self.result: dict | None = None
+        self._line_count = 0
+        self.changes = 0  # bumped by every change, so a display knows when to publish
+
+    # -- events ------------------------------------------------------------------------------------------------
+    def observe(self, event: Event) -> None:
+        handler = _HANDLERS.get(event.kind)
+        if handler is not None:
+            handler(self, event)
+            self.changes += 1
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.changes += 1
+
+    def _rank(self, event: Event) -> RankState:
+        if event.rank not in self.ranks:
+            self.ranks[event.rank] = RankState(event.rank, self._any_rank().lines.maxlen or LINES_PER_RANK)
+        return self.ranks[event.rank]
+
+    def _any_rank(self) -> RankState:
+        return next(iter(self.ranks.values())) if self.ranks else RankState(0, LINES_PER_RANK)
+
+    def _t(self, event: Event) -> float:
+        return round(max(0.0, event.time - self._started), 3)
+
+    def _add_line(self, event: Event, kind: str, text: str, level: str | None = None,
+                  logger: str | None = None) -> None:
+        rank = self._rank(event)
+        self._line_count += 1
+        rank.lines_total += 1
+        line = {"n": self._line_count, "t": self._t(event), "kind": kind, "text": text[:MAX_TEXT]}
+        if level is not None:
+            line["level"], line["logger"] = level, logger
+        rank.lines.append(line)
+
+    def _on_status(self, event: Event) -> None:
+        rank = self._rank(event)
+        state = event.data.get("state")
+        if state == "starting":
+            rank.status, rank.pid, rank.exit_code = "starting", event.data.get("pid"), None
+            if event.data.get("host"):
+                rank.host = event.data["host"]
+        elif state in ("running", "finished", "failed"):
+            rank.status = state
+            if "exit_code" in event.data:
+                rank.exit_code = event.data["exit_code"]
+        if self.status == "starting" and state == "running":
+            self.status = "running"
+
+    def _on_stream(self, event: Event) -> None:
+        text = str(event.data.get("text", ""))
+        is_bar = "|" in text and self._tqdm_progress(event, text)
+        if event.data.get("redraw"):
+            return  # a line being redrawn: at most the rank's progress; its final state arrives as a line
+        if not is_bar or text.strip():
+            self._add_line(event, event.data.get("stream", "stdout"), text)
+
+    def _tqdm_progress(self, event: Event, text: str) -> bool:
+        match = _TQDM.search(text)
+        if match is None:
+            return False
+        total = None if match["total"] == "?" else int(match["total"])
+        self._record_progress(event, int(match["n"]), total, {}, label=(match["desc"] or "").strip() or None)
+        return True
+
+    def _on_log(self, event: Event) -> None:
+        data = event.data
+        if "message" not in data:
+            return  # an in_order placeholder: nothing to show
+        text = str(data["message"])
+        for extra in (data.get("exc_text"), data.get("stack")):
+            if extra:
+                text += "\n" + str(extra)
+        self._add_line(event, "log", text, level=data.get("level"), logger=data.get("logger"))
+
+    def _on_progress(self, event: Event) -> None:
+        data = event.data
+        self._record_progress(event, data.get("step"), data.get("total"), data.get("metrics") or {})
+
+    def _record_progress(self, event: Event, step, total, metrics: dict, label: str | None = None) -> None:
+        rank = self._rank(event)
+        now = self._t(event)
+        step_time = None
+        if step is not None and rank._last_step is not None and step > rank._last_step[0]:
+            step_time = round((now - rank._last_step[1]) / (step - rank._last_step[0]), 6)
+        elif rank.progress:
+            step_time = rank.progress.get("step_time")
+        if step is not None and (rank._last_step is None or step != rank._last_step[0]):
+            rank._last_step = (step, now)
+        merged = {**((rank.progress or {}).get("metrics") or {}), **metrics}
+        rank.progress = {"step": step, "total": total, "metrics": merged, "step_time": step_time}
+        if label:
+            rank.progress["label"] = label
+        rank.history.append({"step": step, "t": now, "step_time": step_time, "metrics": dict(metrics)})
+
+    def _on_failure(self, event: Event) -> None:
+        rank = self._rank(event)
+        rank.status = "failed"
+        data = event.data
+        first_line = str(data.get("message", "")).split("\n", 1)[0]
+        self._add_line(event, "stderr", f"failed: {data.get('type')}: {first_line}")
+
+    def _on_exit(self, event: Event) -> None:
+        rank = self._rank(event)
+        rank.exit_code = event.data.get("exit_code")
+        if rank.status not in ("finished", "failed"):
+            rank.status = "finished" if rank.exit_code == 0 else "failed"
+        if event.data.get("signal_name") and not event.data.get("stopped_by_launcher"):
+            self._add_line(event, "stderr", f"killed by {event.data['signal_name']}")
+
+    def _on_shape_mismatch(self, event: Event) -> None:
+        data = event.data
+        operations = data.get("operations") or []
+        shapes, dtypes, sites = data.get("shapes") or [], data.get("dtypes") or [], data.get("call_sites") or []
+        processes = [{"rank": index, "operation": operations[index] if index < len(operations) else None,
+                      "shape": shapes[index] if index < len(shapes) else None,
+                      "dtype": dtypes[index] if index < len(dtypes) else None,
+                      "call_site": sites[index] if index < len(sites) else None}
+                     for index in range(max(len(operations), len(shapes)))]
+        self._bounded(self.shape_mismatches).append({
+            "operation": data.get("operation") or " / ".join(dict.fromkeys(o for o in operations if o)),
+            "t": self._t(event), "processes": processes, "message": str(data.get("message", ""))[:MAX_TEXT * 4]})
+
+    def _on_oom_retry(self, event: Event) -> None:
+        data = event.data
+        self._bounded(self.oom_retries).append({
+            "t": self._t(event), "ranks": data.get("ranks", [event.rank]), "batch_size": data.get("batch_size"),
+            "new_batch_size": data.get("new_batch_size"), "error": str(data.get("error", ""))[:MAX_TEXT]})
+        self.attempt += 1
+        for rank in self.ranks.values():  # every rank starts again
+            rank.status, rank.exit_code, rank._last_step = "starting", None, None
+
+    def _on_batch_size(self, event: Event) -> None:
+        self.batch_size = event.data.get("batch_size")
+
+    def _on_trigger(self, event: Event) -> None:
+        self._bounded(self.triggers).append(
+            {"rank": event.rank, "t": self._t(event), "call_site": event.data.get("call_site")})
+
+    def _on_launcher(self, event: Event) -> None:
+        text = str(event.data.get("text", ""))
+        self.notes.append(text)
+        if "restarting all ranks" in text:
+            self.attempt += 1
+            for rank in self.ranks.values():
+                rank.status, rank.exit_code, rank._last_step = "starting", None, None
+
+    @staticmethod
+    def _bounded(items: list) -> list:
+        if len(items) >= MAX_CARDS:
+            del items[0]
+        return items
+
+    # -- the end -----------------------------------------------------------------------------------------------
+    def finish(self, status: str, failure: dict | None = None, result_type: str | None = None,
+               stuck_ranks=()) -> None:
+        """The run ended: its final status, the failure to show first, and which ranks were stuck in a hang."""
+        self.status = status
+        self._ended = time.monotonic()
+        self.failure = failure
+        self.result = {"type": result_type} if result_type is not None else None
+        for rank in stuck_ranks:
+            if rank in self.ranks:
+                self.ranks[rank].status = "stuck"
+        for rank in self.ranks.values():
+            if rank.status in ("starting", "running") and status != "finished":
+                rank.status = "stuck" if status in ("hung", "timed out") else "failed"
+        self.changes += 1
+
+    def elapsed(self) -> float:
+        return round((self._ended or time.monotonic()) - self._started, 3)
+
+    def to_json(self) -> dict:
+        return {"version": 1, **self.header, "status": self.status, "started_at": self.started_at,
+                "elapsed": self.elapsed(), "attempt": self.attempt, "notes": list(self.notes),
+                "ranks": [self.ranks[rank].to_json() for rank in sorted(self.ranks)],
+                "shape_mismatches": list(self.shape_mismatches), "oom_retries": list(self.oom_retries),
+                "batch_size": self.batch_size, "triggers": list(self.triggers), "failure": self.failure,
+                "result": self.result}
+
+
+_HANDLERS = {
+    STATUS: RunState._on_status, STREAM: RunState._on_stream, LOG: RunState._on_log,
+    PROGRESS: RunState._on_progress, FAILURE: RunState._on_failure, EXIT: RunState._on_exit,
+    SHAPE_MISMATCH: RunState._on_shape_mismatch, OOM_RETRY: RunState._on_oom_retry,
+    BATCH_SIZE: RunState._on_batch_size, TRIGGER: RunState._on_trigger, LAUNCHER: RunState._on_launcher,
+}
