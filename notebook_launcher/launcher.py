@@ -52,6 +52,7 @@ class Run:
     oom_retries: list = dataclasses.field(default_factory=list)  # each restart after an out-of-memory error
     stuck_ranks: list = dataclasses.field(default_factory=list)  # a hang or timeout: the ranks that were waiting
     stacks: dict = dataclasses.field(default_factory=dict)  # a hang or timeout: each rank's Python stacks (text)
+    panel_state: dict | None = None  # the run panel's final state (labextension/SCHEMA.md), when it was shown
     started_at: float = dataclasses.field(default_factory=time.time)
     duration: float = 0.0
 
@@ -185,15 +186,17 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         if run.status in ("starting", "running"):
             run.status = "failed"
         if panel is not None:
-            panel.finish(run.status, failure=_failure_for_panel(run, error), stuck_ranks=run.stuck_ranks)
+            run.panel_state = panel.finish(run.status, failure=_failure_for_panel(run, error),
+                                           stuck_ranks=run.stuck_ranks)
             panel = None
         raise
     finally:
         if panel is not None:  # finished, or interrupted
-            panel.finish(run.status, result_type=type(run.result(0)).__name__ if run.status == "finished" else None,
-                         failure={"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt",
-                                  "traceback": "", "message": "interrupted: every worker was stopped",
-                                  "stacks": {}} if run.status == "interrupted" else None)
+            interrupted = {"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt", "traceback": "",
+                           "message": "interrupted: every worker was stopped", "stacks": {}}
+            finished = run.status == "finished"
+            run.panel_state = panel.finish(run.status, result_type=type(run.result(0)).__name__ if finished else None,
+                                           failure=interrupted if run.status == "interrupted" else None)
         run.duration = time.monotonic() - started
         payload_file = log.file("payload.pkl")
         if os.path.exists(payload_file):

@@ -1,7 +1,8 @@
 """The run panel for frontends without the JupyterLab extension: ``text/plain`` and a static ``text/html``.
 
-Both are made from the same state payload as the panel (``RunState.to_json()``). Everything that came from user
-code is escaped: the HTML is safe in untrusted notebooks (and nbviewer/GitHub sanitize it anyway).
+Both are made from the same state payload as the panel (``RunState.to_json()``) and carry the same lines, so
+whichever a frontend or exporter picks (``nbconvert --to markdown`` picks the HTML), nothing is missing.
+Everything that came from user code is escaped: the HTML is safe in untrusted notebooks.
 """
 
 from __future__ import annotations
@@ -28,37 +29,49 @@ def _line_text(line: dict) -> str:
     return line["text"]
 
 
-def render_text(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
-    """What a terminal or ``nbconvert --to markdown`` shows: the text display's lines, in arrival order."""
+def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tuple[str, str | None]]:
+    """The text display's lines for a state, each with a colour hint: header, notes, the root cause, then
+    every rank's lines in arrival order, progress, cards, and each rank's status."""
     template = string.Template(prefix_template)
-    out = [headline(state)]
-    out += [f"notebook_launcher: {note}" for note in state["notes"]]
+    out: list[tuple[str, str | None]] = [(headline(state), None)]
+    out += [(f"notebook_launcher: {note}", "#666") for note in state["notes"]]
     failure = state.get("failure")
     if failure and failure.get("traceback"):
-        out += [f"root cause (rank {failure.get('rank')}):", *failure["traceback"].rstrip("\n").splitlines()]
+        out.append((f"root cause (rank {failure.get('rank')}):", _STATUS_COLOURS["failed"]))
+        out += [(line, _STATUS_COLOURS["failed"]) for line in failure["traceback"].rstrip("\n").splitlines()]
+    elif failure and failure.get("kind") in ("hang", "timeout"):
+        out += [(line, _STATUS_COLOURS["stuck"]) for line in str(failure.get("message", "")).splitlines()]
     lines = []
     for rank in state["ranks"]:
         prefix = template.safe_substitute(rank=rank["rank"], local_rank=rank["rank"], role_name="default",
                                           node_rank=0)
         if rank["lines_dropped"]:
             lines.append((0, f"{prefix}({rank['lines_dropped']} earlier lines are in the run log: "
-                             f"{state['run_dir']})"))
+                             f"{state['run_dir']})", "#666"))
         for line in rank["lines"]:
-            lines += [(line["n"], f"{prefix}{text}") for text in _line_text(line).split("\n")]
+            colour = _LEVEL_COLOURS.get(line.get("level")) or (_STATUS_COLOURS["failed"]
+                                                               if line["kind"] == "stderr" else None)
+            lines += [(line["n"], f"{prefix}{text}", colour) for text in _line_text(line).split("\n")]
         if rank.get("progress"):
-            out.append(f"{prefix}{_progress_text(rank['progress'])}")
-    out += [text for _, text in sorted(lines, key=lambda item: item[0])]
+            out.append((f"{prefix}{_progress_text(rank['progress'])}", None))
+    out += [(text, colour) for _, text, colour in sorted(lines, key=lambda item: item[0])]
     for card in state["shape_mismatches"]:
-        out.append(f"shape mismatch in {card['operation']}:")
-        out += [f"  - Process {p['rank']}: {p['shape']} {p['dtype'] or ''} at {p['call_site']}".rstrip()
+        out.append((f"shape mismatch in {card['operation']}:", _STATUS_COLOURS["failed"]))
+        out += [(f"  - Process {p['rank']}: {p['shape']} {p['dtype'] or ''} at {p['call_site']}".rstrip(), None)
                 for p in card["processes"]]
     for retry in state["oom_retries"]:
-        out.append(f"out of memory on rank {', '.join(map(str, retry['ranks']))} at batch size "
-                   f"{retry['batch_size']} -> retried at {retry['new_batch_size']} ({retry['error']})")
+        out.append((f"out of memory on rank {', '.join(map(str, retry['ranks']))} at batch size "
+                    f"{retry['batch_size']} -> retried at {retry['new_batch_size']} ({retry['error']})",
+                    _LEVEL_COLOURS["WARNING"]))
     for trigger in state["triggers"]:
-        out.append(f"rank {trigger['rank']} called set_trigger() at {trigger['call_site']}")
-    out.append("status by rank: " + ", ".join(f"{r['rank']} {r['status']}" for r in state["ranks"]))
-    return "\n".join(out)
+        out.append((f"rank {trigger['rank']} called set_trigger() at {trigger['call_site']}", None))
+    out.append(("status by rank: " + ", ".join(f"{r['rank']} {r['status']}" for r in state["ranks"]), None))
+    return out
+
+
+def render_text(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
+    """What a terminal shows: the text display's lines, in arrival order."""
+    return "\n".join(text for text, _ in text_lines(state, prefix_template))
 
 
 def _progress_text(progress: dict) -> str:
@@ -71,46 +84,25 @@ def _progress_text(progress: dict) -> str:
     return text + (f", {metrics}" if metrics else "")
 
 
-def render_html(state: dict) -> str:
-    """A static snapshot for VS Code, nbviewer, GitHub: header, failure first, one column per rank, cards."""
+def render_html(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
+    """A static snapshot for VS Code, nbviewer, GitHub and ``nbconvert --to markdown``: the text display's lines
+    (every one of them, escaped), coloured, then the shape and out-of-memory tables."""
     e = html.escape
-    colour = _STATUS_COLOURS.get(state["status"], "#888")
-    parts = ['<div class="nl-run-static" style="font-family:monospace;font-size:12px">',
-             f'<div><b>{e(headline(state))}</b> <span style="color:{colour}">&#9679;</span></div>']
-    parts += [f'<div style="color:#666">{e(note)}</div>' for note in state["notes"]]
-    failure = state.get("failure")
-    if failure:
-        parts.append(f'<details open><summary style="color:#d93025">{e(failure.get("kind", "failure"))}'
-                     f'{" on rank " + str(failure["rank"]) if failure.get("rank") is not None else ""}</summary>'
-                     f'<pre>{e(failure.get("traceback") or failure.get("message") or "")}</pre></details>')
-    cells = []
-    for rank in state["ranks"]:
-        rows = []
-        if rank["lines_dropped"]:
-            rows.append(f'<i>{rank["lines_dropped"]} earlier lines are in the run log</i>')
-        for line in rank["lines"]:
-            style = f' style="color:{_LEVEL_COLOURS[line.get("level")]}"' if line.get("level") in _LEVEL_COLOURS \
-                else (' style="color:#d93025"' if line["kind"] == "stderr" else "")
-            rows.append(f"<span{style}>{e(_line_text(line))}</span>")
-        progress = f"<div>{e(_progress_text(rank['progress']))}</div>" if rank.get("progress") else ""
-        cells.append(f'<td style="vertical-align:top;text-align:left"><b>rank {rank["rank"]}</b> '
-                     f'<span style="color:{_STATUS_COLOURS.get(rank["status"], "#888")}">{e(rank["status"])}</span>'
-                     f'{progress}<pre style="max-height:20em;overflow:auto">{chr(10).join(rows)}</pre></td>')
-    parts.append(f'<table><tr>{"".join(cells)}</tr></table>')
+    rows = [f'<span style="color:{colour}">{e(text)}</span>' if colour else e(text)
+            for text, colour in text_lines(state, prefix_template)]
+    rows[0] = f"<b>{rows[0]}</b>"
+    parts = ['<div class="nl-run-static">', f'<pre style="white-space:pre-wrap">{chr(10).join(rows)}</pre>']
     for card in state["shape_mismatches"]:
-        rows = "".join(f"<tr><td>{p['rank']}</td><td>{e(str(p['operation']))}</td><td>{e(str(p['shape']))}</td>"
-                       f"<td>{e(str(p['dtype']))}</td><td>{e(str(p['call_site']))}</td></tr>" for p in card["processes"])
-        parts.append(f'<div><b>shape mismatch in {e(card["operation"])}</b><table><tr><th>process</th>'
-                     f'<th>operation</th><th>shape</th><th>dtype</th><th>call site</th></tr>{rows}</table></div>')
+        cells = "".join(f"<tr><td>{p['rank']}</td><td>{e(str(p['operation']))}</td><td>{e(str(p['shape']))}</td>"
+                        f"<td>{e(str(p['dtype']))}</td><td>{e(str(p['call_site']))}</td></tr>"
+                        for p in card["processes"])
+        parts.append(f'<table><caption>shape mismatch in {e(card["operation"])}</caption><tr><th>process</th>'
+                     f'<th>operation</th><th>shape</th><th>dtype</th><th>call site</th></tr>{cells}</table>')
     if state["oom_retries"]:
-        rows = "".join(f"<tr><td>{r['batch_size']} &rarr; {r['new_batch_size']}</td>"
-                       f"<td>{e(', '.join(map(str, r['ranks'])))}</td><td>{e(r['error'])}</td></tr>"
-                       for r in state["oom_retries"])
-        parts.append(f"<div><b>out-of-memory retries</b><table><tr><th>batch size</th><th>ranks</th>"
-                     f"<th>error</th></tr>{rows}</table></div>")
-    for trigger in state["triggers"]:
-        parts.append(f"<div>rank {trigger['rank']} called set_trigger() at {e(str(trigger['call_site']))}</div>")
-    if failure and failure.get("message") and failure.get("traceback"):
-        parts.append(f'<details><summary>full explanation</summary><pre>{e(failure["message"])}</pre></details>')
+        cells = "".join(f"<tr><td>{r['batch_size']} &rarr; {r['new_batch_size']}</td>"
+                        f"<td>{e(', '.join(map(str, r['ranks'])))}</td><td>{e(r['error'])}</td></tr>"
+                        for r in state["oom_retries"])
+        parts.append(f"<table><caption>out-of-memory retries</caption><tr><th>batch size</th><th>ranks</th>"
+                     f"<th>error</th></tr>{cells}</table>")
     parts.append("</div>")
     return "".join(parts)

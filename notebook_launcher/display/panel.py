@@ -56,7 +56,7 @@ class PanelDisplay:
 
     def bundle(self) -> dict:
         payload = self.state.to_json()
-        return {MIME_TYPE: payload, "text/html": render_html(payload),
+        return {MIME_TYPE: payload, "text/html": render_html(payload, self._prefix_template),
                 "text/plain": render_text(payload, self._prefix_template)}
 
     def show(self, event: Event) -> None:
@@ -75,9 +75,14 @@ class PanelDisplay:
         if (changed and since >= 1.0 / MAX_UPDATES_PER_S) or since >= IDLE_UPDATE_S:
             self.publish()
 
-    def publish(self) -> None:
+    def publish(self, final: bool = False) -> None:
+        from IPython.core.interactiveshell import InteractiveShell
         from IPython.display import display
 
+        if not InteractiveShell.initialized():  # display="panel" outside IPython: the end state, as text
+            if final:
+                print(render_text(self.state.to_json(), self._prefix_template), flush=True)
+            return
         bundle = self.bundle()
         if self._handle is None:
             self._handle = display(bundle, raw=True, display_id=True)
@@ -87,6 +92,8 @@ class PanelDisplay:
         self._published_at = time.monotonic()
         self.updates += 1
 
-    def finish(self, status: str, **details) -> None:
+    def finish(self, status: str, **details) -> dict:
+        """The run ended: publish its final state (what the saved notebook keeps) and return it."""
         self.state.finish(status, **details)
-        self.publish()
+        self.publish(final=True)
+        return self.state.to_json()

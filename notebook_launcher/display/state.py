@@ -170,7 +170,10 @@ class RunState:
         rank = self._rank(event)
         rank.exit_code = event.data.get("exit_code")
         if rank.status not in ("finished", "failed"):
-            rank.status = "finished" if rank.exit_code == 0 else "failed"
+            if event.data.get("stopped_by_launcher"):
+                rank.status = "stopped"  # ended by the launcher because of another rank, not its own fault
+            else:
+                rank.status = "finished" if rank.exit_code == 0 else "failed"
         if event.data.get("signal_name") and not event.data.get("stopped_by_launcher"):
             self._add_line(event, "stderr", f"killed by {event.data['signal_name']}")
 
@@ -185,7 +188,7 @@ class RunState:
                      for index in range(max(len(operations), len(shapes)))]
         self._bounded(self.shape_mismatches).append({
             "operation": data.get("operation") or " / ".join(dict.fromkeys(o for o in operations if o)),
-            "t": self._t(event), "processes": processes, "message": str(data.get("message", ""))[:MAX_TEXT * 4]})
+            "t": self._t(event), "attempt": self.attempt, "processes": processes, "message": str(data.get("message", ""))[:MAX_TEXT * 4]})
 
     def _on_oom_retry(self, event: Event) -> None:
         data = event.data
@@ -201,7 +204,8 @@ class RunState:
 
     def _on_trigger(self, event: Event) -> None:
         self._bounded(self.triggers).append(
-            {"rank": event.rank, "t": self._t(event), "call_site": event.data.get("call_site")})
+            {"rank": event.rank, "t": self._t(event), "attempt": self.attempt,
+             "call_site": event.data.get("call_site")})
 
     def _on_launcher(self, event: Event) -> None:
         text = str(event.data.get("text", ""))
@@ -230,7 +234,7 @@ class RunState:
                 self.ranks[rank].status = "stuck"
         for rank in self.ranks.values():
             if rank.status in ("starting", "running") and status != "finished":
-                rank.status = "stuck" if status in ("hung", "timed out") else "failed"
+                rank.status = "stuck" if status in ("hung", "timed out") else "stopped"
         self.changes += 1
 
     def elapsed(self) -> float:
