@@ -82,8 +82,8 @@ def _known_runs_note(root: str, limit: int = 5) -> str:
 
 
 def resolve_run(run: Any = None) -> tuple[str, Any]:
-    """The run directory for ``run`` (a Run, a run id or a unique part of one, a run directory or its
-    events.jsonl, or None for the last run), and the Run object when there is one."""
+    """The run directory for ``run`` (a Run or the error a launch raised, a run id or a unique part of one, a run
+    directory or its events.jsonl, or None for the last run), and the Run object when there is one."""
     from ..launcher import last_run, recent_runs
 
     root = runs_root()
@@ -96,6 +96,8 @@ def resolve_run(run: Any = None) -> tuple[str, Any]:
             return os.path.join(root, names[0]), None
         raise RunNotFoundError(f"inspect_run(): no run was launched in this process and there is no run log "
                                f"under {root}. Pass a Run, a run id or a run directory.")
+    if not hasattr(run, "run_dir") and hasattr(getattr(run, "run", None), "run_dir"):
+        run = run.run  # the RankFailedError or LaunchTimeoutError of a launch
     if hasattr(run, "run_dir"):
         if not os.path.isdir(run.run_dir):
             raise RunNotFoundError(f"inspect_run({run!r}): its run directory {run.run_dir} no longer exists "
@@ -197,7 +199,11 @@ def describe(kind: str, data: dict) -> tuple[str, str, str, int, str] | None:
 
 
 class _LogReader:
-    """Reads events.jsonl from where it stopped last time (a running run's log grows), whole lines only."""
+    """Reads events.jsonl from where it stopped last time (a running run's log grows), whole lines only.
+
+    A line a rank redraws in place (a tqdm bar: ``stream`` events with ``"redraw": True``) is one row, its newest
+    state: each state replaces the one before, and the line that ends it (same rank and stream) replaces the last.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -206,8 +212,21 @@ class _LogReader:
         self.events = 0  # lines that were events
         self.unreadable = 0  # lines that were not JSON (a log cut short by a crash)
         self.start: float | None = None  # time of the first event
+        self.redrawn = 0  # redraw states replaced by a newer one (not rows)
+        self._redraw_at: dict[tuple, int] = {}  # (rank, stream) -> line of its newest redraw state, still a row
 
-    def read_new(self) -> list[Row]:
+    def read_new(self) -> tuple[list[Row], set[int]]:
+        """The rows of the lines written since the last read, and the lines of earlier rows that they replace
+        (redraw states of a progress bar)."""
+        rows = self._read_rows()
+        stale = self._stale
+        if stale:
+            rows = [row for row in rows if row[0] not in stale]
+            stale = stale.difference(row[0] for row in rows)  # only earlier reads' rows are left to drop
+        return rows, stale
+
+    def _read_rows(self) -> list[Row]:
+        self._stale: set[int] = set()
         try:
             with open(self.path, "rb") as source:
                 source.seek(self.offset)
@@ -235,6 +254,7 @@ class _LogReader:
         rows: list[Row] = []
         append = rows.append
         make = tuple.__new__
+        redraw_at = self._redraw_at
         for number, line in enumerate(lines, first_number):
             try:
                 record = loads(line)
@@ -246,7 +266,10 @@ class _LogReader:
             self.events += 1
             if kind == "stream" and type(data) is dict:  # the bulk of a big log, inline
                 text = str(data.get("text", ""))
-                append(make(Row, (number, when, rank, data.get("stream") or "stdout", "", 0, text, "", text.lower())))
+                stream = data.get("stream") or "stdout"
+                if redraw_at or data.get("redraw"):
+                    self._redraw(rank, stream, number, bool(data.get("redraw")))
+                append(make(Row, (number, when, rank, stream, "", 0, text, "", text.lower())))
                 continue
             if kind == "log" and type(data) is dict and "message" in data and not data.get("exc_text") \
                     and not data.get("stack") and type(data.get("levelno")) is int:
@@ -264,6 +287,15 @@ class _LogReader:
             append(make(Row, (number, when, rank, kind_name, level, levelno, text, detail, haystack)))
         return rows
 
+    def _redraw(self, rank: Any, stream: str, line: int, is_redraw: bool) -> None:
+        key = (rank, stream)
+        replaced = self._redraw_at.pop(key, None)
+        if replaced is not None:
+            self._stale.add(replaced)
+            self.redrawn += 1
+        if is_redraw:
+            self._redraw_at[key] = line
+
 
 def _read_summary(run_dir: str) -> dict:
     try:
@@ -276,7 +308,7 @@ def _read_summary(run_dir: str) -> dict:
 
 def _elapsed(seconds: float) -> str:
     if seconds < 60:
-        return f"{seconds:.3f}"
+        return f"{seconds:.3f}"  # seconds since the first event; then m:ss.fff, h:mm:ss.fff
     minutes, seconds = divmod(seconds, 60)
     hours, minutes = divmod(int(minutes), 60)
     return f"{hours}:{minutes:02d}:{seconds:06.3f}" if hours else f"{minutes}:{seconds:06.3f}"
@@ -326,7 +358,7 @@ class RunInspector(widgets.VBox):
         self.filter_seconds = 0.0
         self._reader = _LogReader(self.events_path)
         started = time.perf_counter()
-        self._all_rows: list[Row] = self._reader.read_new()
+        self._all_rows: list[Row] = self._reader.read_new()[0]
         self.load_seconds = time.perf_counter() - started
         self.summary: dict = {}
 
@@ -360,6 +392,7 @@ class RunInspector(widgets.VBox):
         self.content = widgets.HTML(layout=widgets.Layout(max_height="520px", overflow="auto",
                                                           border="1px solid #ddd", padding="2px 4px"))
 
+        self._refresh_summary()
         self._update_options()
         self.rank_filter.observe(self._on_choice, names="value")
         self.kind_filter.observe(self._on_choice, names="value")
@@ -373,13 +406,14 @@ class RunInspector(widgets.VBox):
         self.line_box.observe(lambda change: self.go_to_line(change["new"]), names="value")  # on Enter
         self.reload_button.on_click(lambda _: self.reload())
 
-        filters = widgets.HBox([self.rank_filter, self.kind_filter,
-                                widgets.VBox([self.level_filter, widgets.HBox([self.search, self.regex])])])
+        search_box = widgets.HBox([self.search, self.regex])
+        right = widgets.VBox([self.level_filter, search_box])
+        filters = widgets.HBox([self.rank_filter, self.kind_filter, right])
         pager = widgets.HBox([self.first_button, self.previous_button, self.page_label, self.next_button,
                               self.last_button, self.line_box, self.go_button, self.reload_button],
                              layout=widgets.Layout(align_items="center"))
+        self._boxes = (search_box, right, filters, pager)
         super().__init__([self.header, filters, pager, self.status, self.content])
-        self._refresh_summary()
         self._apply_filters()
 
     # ---- state
@@ -467,7 +501,7 @@ class RunInspector(widgets.VBox):
         return self._rows[index]
 
     def filter(self, rank: Any = None, kind: Any = None, level: Any = None, search: str | None = None,
-               regex: bool | None = None) -> "RunInspector":
+               regex: bool | None = None) -> RunInspector:
         """Set several filters at once (one pass over the rows). ``rank``/``kind``: one value or several
         ("all" for all); ``level``: a level name or number; None leaves a filter as it is."""
         self._quiet = True
@@ -489,7 +523,9 @@ class RunInspector(widgets.VBox):
 
     def reload(self) -> int:
         """Read the lines the run wrote since the last read (a run still going). Returns how many rows came."""
-        new = self._reader.read_new()
+        new, stale = self._reader.read_new()
+        if stale:  # a progress bar's earlier state, replaced by what came now
+            self._all_rows = [row for row in self._all_rows if row[0] not in stale]
         if new:
             self._all_rows.extend(new)
             self._update_options()
@@ -614,11 +650,11 @@ class RunInspector(widgets.VBox):
 
     def _render(self) -> None:
         mark = self._highlighter()
-        parts = ['<table style="border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);'
-                 'font-size:12px;line-height:1.35;width:100%">',
-                 f'<tr style="color:#777;text-align:left"><th style="{_CELL}">line</th><th style="{_CELL}">time (s)'
-                 f'</th><th style="{_CELL}">rank</th><th style="{_CELL}">kind</th><th style="{_TEXT_CELL}">text</th>'
-                 '</tr>']
+        parts = [('<table style="border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);'
+                 'font-size:12px;line-height:1.35;width:100%">'),
+                 (f'<tr style="color:#777;text-align:left"><th style="{_CELL}">line</th><th style="{_CELL};text-align:right">'
+                 f'time</th><th style="{_CELL}">rank</th><th style="{_CELL}">kind</th>'
+                 f'<th style="{_TEXT_CELL};width:100%">text</th></tr>')]
         for row in self.page_rows:
             color = _LEVEL_COLORS.get(row.levelno) if row.kind == "log" else _KIND_COLORS.get(row.kind)
             style = f"color:{color};" if color else ""
@@ -631,7 +667,7 @@ class RunInspector(widgets.VBox):
                         f"<div style=\"color:#444\">{_marked(_cut(row.detail, 20 * MAX_SHOWN_CHARS), mark)}</div>"
                         "</details>")
             parts.append(f'<tr style="{style}"><td style="{_CELL};color:#999">{row.line}</td>'
-                         f'<td style="{_CELL}">{_elapsed(row.time)}</td><td style="{_CELL}">{row.rank}</td>'
+                         f'<td style="{_CELL};text-align:right">{_elapsed(row.time)}</td><td style="{_CELL}">{row.rank}</td>'
                          f'<td style="{_CELL}">{html.escape(row.level or row.kind)}</td>'
                          f'<td style="{_TEXT_CELL}">{body}</td></tr>')
         if not self._rows:
@@ -697,7 +733,8 @@ class RunInspector(widgets.VBox):
 
     def _header_html(self) -> str:
         first, _, cause = self.header_text.partition("\n")
-        color = {"finished": "#2e7d32", "running": "#1f5fa8"}.get(self.summary.get("status"), "#c00000")
+        status = self.summary.get("status")
+        color = {"finished": "#2e7d32", "running": "#1f5fa8", None: "#1f5fa8"}.get(status, "#c00000")
         name, _, rest = first.partition("  ·  ")
         status, _, rest = rest.partition("  ·  ")
         out = (f"<b>{html.escape(name)}</b> &middot; <b style=\"color:{color}\">{html.escape(status)}</b> &middot; "
@@ -705,6 +742,17 @@ class RunInspector(widgets.VBox):
         if cause:
             out += f"<br><span style=\"color:#c00000\">{html.escape(cause)}</span>"
         return f'<div style="font-size:13px">{out}</div>'
+
+    def close(self) -> None:
+        """Close the panel and its controls and let go of the rows (ipywidgets keeps every open widget)."""
+        if not hasattr(self, "_boxes"):
+            return  # the constructor raised (no such run): nothing was made
+        for child in (self.header, self.rank_filter, self.kind_filter, self.level_filter, self.search, self.regex,
+                      self.first_button, self.previous_button, self.next_button, self.last_button, self.page_label,
+                      self.line_box, self.go_button, self.reload_button, self.status, self.content, *self._boxes):
+            child.close()
+        self._all_rows, self._rows, self._lines = [], [], []
+        super().close()
 
     def __repr__(self) -> str:
         return f"<RunInspector {self.header_text.splitlines()[0]}; {len(self._rows):,} rows pass the filters>"
@@ -727,7 +775,7 @@ def _cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
     return f"{text[:limit]} … ({len(text) - limit:,} more characters; inspector.event(line) has it all)"
 
 
-def _marked(text: str, mark: "re.Pattern | None") -> str:
+def _marked(text: str, mark: re.Pattern | None) -> str:
     """The text, HTML-escaped, with the search matches in <mark>."""
     if mark is None:
         return html.escape(text)
@@ -746,8 +794,8 @@ def inspect_run(run: Any = None, *, rank: Any = None, kind: Any = None, level: A
                 search: str | None = None, regex: bool = False, page_size: int = PAGE_SIZE) -> RunInspector:
     """A panel to browse a run's whole log: filter by rank, log level, kind and text, one page at a time.
 
-    ``run`` is a ``Run`` (``last_run()``, or the ``run`` of a ``RankFailedError``), a run id (or a unique part
-    of one) from the run log folder (``$NOTEBOOK_LAUNCHER_RUNS_DIR`` or ``~/.cache/notebook_launcher/runs``), a
+    ``run`` is a ``Run`` (``last_run()``), the ``RankFailedError``/``LaunchTimeoutError`` a launch raised, a run
+    id (or a unique part of one) from the run log folder (``$NOTEBOOK_LAUNCHER_RUNS_DIR`` or ``~/.cache/notebook_launcher/runs``), a
     run directory, or None: the last run of this kernel, else the newest run log on disk (after a restart).
     It reads ``events.jsonl``, every event of the run (the ``Run`` in memory keeps only so many lines), and
     shows it a page (``page_size`` rows) at a time, so a run of millions of lines is fine in the browser.
