@@ -26,6 +26,7 @@ __all__ = [
     "env_report",
     "find_executable_batch_size",
     "free_memory",
+    "inspect_run",
     "Run",
     "get_logger",
     "last_run",
@@ -37,6 +38,15 @@ __all__ = [
     "set_trigger",
     "should_reduce_batch_size",
 ]
+
+
+def __getattr__(name: str):
+    """``inspect_run`` (the ipywidgets run inspector) is imported on first use: workers never pay for ipywidgets."""
+    if name == "inspect_run":
+        from .display.inspector import inspect_run
+
+        return inspect_run
+    raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:
