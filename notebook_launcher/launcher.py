@@ -272,6 +272,7 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
         failures = tracker.failures()
         if not failures and supervisor.stop_reason is None:
             run.status = "finished"
+            run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
             if run.oom_retries:
                 display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
             return run.result(0)

@@ -85,3 +85,27 @@ def test_the_saved_notebook_keeps_the_final_panel_and_nbconvert_shows_its_text(t
     for rank in (0, 1):
         for step in (1, 2, 3):
             assert f"[rank {rank}] step {step} on rank {rank}" in markdown
+
+
+@pytest.mark.slow
+def test_the_run_panel_notebook_runs_end_to_end(tmp_path):
+    from nbclient import NotebookClient
+
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks",
+                          "run_panel.ipynb")
+    notebook = nbformat.read(source, as_version=4)
+    assert all(cell.outputs == [] for cell in notebook.cells if cell.cell_type == "code")
+    NotebookClient(notebook, timeout=180, kernel_name=KERNEL_NAME,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    (panel,) = [o.data[PANEL_MIME] for o in code[0].outputs if o.output_type == "display_data"]
+    assert panel["status"] == "finished" and panel["batch_size"] == 32 and len(panel["oom_retries"]) == 1
+    assert len(panel["shape_mismatches"]) == 1
+    assert [rank["progress"]["step"] for rank in panel["ranks"]] == [30, 30]
+    printed = "".join(o.text for o in code[1].outputs if o.output_type == "stream")
+    assert printed.startswith("finished at batch size 32 after 1 retry\nshape mismatch: [(0, [4]), (1, [2])]")
+    inspector = "".join(o.text for o in code[2].outputs if o.output_type == "stream")
+    assert "[rank 1]  WARNING   train: the shape mismatch was caught" in inspector
+    assert "root cause" not in inspector and "[rank 0]" not in inspector
+    widgets = [o for o in code[2].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(widgets) == 1
