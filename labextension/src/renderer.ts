@@ -1,0 +1,493 @@
+/**
+ * The run panel: renders one `application/vnd.notebook-launcher.run.v1+json` payload (see ../SCHEMA.md).
+ *
+ * The kernel updates the same output a few times a second, and JupyterLab then calls `renderModel` again on
+ * the same widget. So `RunView.update` patches the DOM in place: each section is rebuilt only when its own
+ * data changed, and a rank's lines are appended (and the oldest removed) by their run-wide number `n`,
+ * keeping a column's scroll position pinned to the bottom unless the user scrolled up in it.
+ *
+ * All user text goes in with `textContent` (see dom.ts), so the renderer is registered as safe.
+ */
+
+import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import { Widget } from '@lumino/widgets';
+
+import { chartMetric, IDomain, renderChart, seriesDomain, STEP_TIME } from './chart';
+import { badge, h, setData } from './dom';
+import { formatElapsed, formatNumber, formatProgress, progressFraction } from './format';
+import { IFailure, ILine, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
+
+/** A rank column and what it last rendered. */
+interface IRankView {
+  node: HTMLElement;
+  head: HTMLElement;
+  progress: HTMLElement;
+  charts: HTMLElement;
+  dropped: HTMLElement;
+  lines: HTMLElement;
+  /** `n` of each rendered line, in DOM order. */
+  ns: number[];
+  /** Whether the lines box follows new lines: true until the user scrolls up, again once back at the bottom. */
+  pinned: boolean;
+  keys: Map<string, string>;
+}
+
+/** Pixels from the bottom that still count as "at the bottom". */
+const PIN_SLACK = 8;
+
+/** The panel's DOM and the state needed to update it cheaply. */
+export class RunView {
+  readonly node = h('div', 'nl-run');
+  private readonly header = h('div', 'nl-header');
+  private readonly failure = h('section', 'nl-failure');
+  private readonly mismatches = h('section', 'nl-mismatches');
+  private readonly oom = h('section', 'nl-oom');
+  private readonly triggers = h('section', 'nl-triggers');
+  private readonly ranks = h('div', 'nl-ranks');
+  private readonly keys = new Map<string, string>();
+  private readonly rankViews = new Map<number, IRankView>();
+  /**
+   * JupyterLab renders an output before it is in the page, and the windowed notebook moves cells in and
+   * out of it, which resets scroll positions: re-pin a column whenever its box gets (re)laid out.
+   */
+  private readonly resizes =
+    typeof ResizeObserver === 'undefined' ? null : new ResizeObserver(entries => this.onResize(entries));
+
+  constructor() {
+    this.node.append(this.header, this.ranks);
+  }
+
+  /** Stop observing (the renderer is disposed). */
+  dispose(): void {
+    this.resizes?.disconnect();
+  }
+
+  /** Render a new state of the run, touching only what changed. */
+  update(run: IRun): void {
+    setData(this.node, { status: run.status || 'unknown', runId: run.run_id, attempt: run.attempt });
+    this.section(this.header, 'header', headerKey(run), () => renderHeader(run));
+    const failure = run.failure || null;
+    this.section(this.failure, 'failure', JSON.stringify(failure), () => renderFailure(failure));
+    setData(this.failure, { kind: failure?.kind, rank: failure?.rank });
+    const mismatches = run.shape_mismatches || [];
+    const retried = (run.attempt || 1) > 1;
+    this.section(this.mismatches, 'mismatches', JSON.stringify([mismatches, retried]), () =>
+      mismatches.map(m => renderMismatch(m, retried))
+    );
+    const oom = run.oom_retries || [];
+    this.section(this.oom, 'oom', JSON.stringify(oom), () => renderOom(oom));
+    const triggers = run.triggers || [];
+    this.section(this.triggers, 'triggers', JSON.stringify([triggers, retried]), () => renderTriggers(triggers, retried));
+    this.placeSections([
+      [this.header, true],
+      [this.failure, !!failure],
+      [this.mismatches, mismatches.length > 0],
+      [this.oom, oom.length > 0],
+      [this.triggers, triggers.length > 0]
+    ]);
+    this.updateRanks(run);
+  }
+
+  /** Rebuild a section's children when its key changed. */
+  private section(node: HTMLElement, name: string, key: string, build: () => Node[] | null): void {
+    if (this.keys.get(name) === key) {
+      return;
+    }
+    this.keys.set(name, key);
+    node.replaceChildren(...(build() || []));
+  }
+
+  /** Keep present sections in order above the rank grid, and empty ones out of the DOM. */
+  private placeSections(sections: [HTMLElement, boolean][]): void {
+    let anchor: HTMLElement = this.ranks;
+    for (const [node, present] of sections.reverse()) {
+      if (!present) {
+        node.remove();
+        continue;
+      }
+      if (node.parentNode !== this.node || node.nextSibling !== anchor) {
+        this.node.insertBefore(node, anchor);
+      }
+      anchor = node;
+    }
+  }
+
+  private updateRanks(run: IRun): void {
+    const ranks = run.ranks || [];
+    this.ranks.style.setProperty('--nl-cols', String(Math.max(1, ranks.length)));
+    this.ranks.dataset.count = String(ranks.length);
+    const metric = chartMetric(ranks);
+    const domains: [string, IDomain | null][] = [
+      ...(metric ? [[metric, seriesDomain(ranks, metric)] as [string, IDomain | null]] : []),
+      [STEP_TIME, seriesDomain(ranks, STEP_TIME)]
+    ];
+
+    const seen = new Set<number>();
+    let previous: HTMLElement | null = null;
+    for (const rank of ranks) {
+      seen.add(rank.rank);
+      let view = this.rankViews.get(rank.rank);
+      if (!view) {
+        view = createRankView();
+        this.rankViews.set(rank.rank, view);
+        this.resizes?.observe(view.lines);
+      }
+      const wanted: ChildNode | null = previous ? previous.nextSibling : this.ranks.firstChild;
+      if (view.node !== wanted) {
+        this.ranks.insertBefore(view.node, wanted);
+      }
+      previous = view.node;
+      updateRank(view, rank, run, domains);
+    }
+    for (const [id, view] of this.rankViews) {
+      if (!seen.has(id)) {
+        this.resizes?.unobserve(view.lines);
+        view.node.remove();
+        this.rankViews.delete(id);
+      }
+    }
+    this.repin();
+  }
+
+  private onResize(entries: ResizeObserverEntry[]): void {
+    for (const view of this.rankViews.values()) {
+      if (view.pinned && entries.some(entry => entry.target === view.lines)) {
+        view.lines.scrollTop = view.lines.scrollHeight;
+      }
+    }
+  }
+
+  /** Scroll pinned columns to the bottom (after an update, and when the panel is attached or shown). */
+  repin(): void {
+    for (const view of this.rankViews.values()) {
+      if (view.pinned) {
+        view.lines.scrollTop = view.lines.scrollHeight;
+      }
+    }
+  }
+}
+
+/** A JupyterLab MIME renderer around `RunView`; `renderModel` is called again on every update. */
+export class RunRenderer extends Widget implements IRenderMime.IRenderer {
+  private readonly view = new RunView();
+
+  constructor(_options?: IRenderMime.IRendererOptions) {
+    super();
+    this.addClass('nl-run-widget');
+    this.node.appendChild(this.view.node);
+  }
+
+  protected onAfterAttach(): void {
+    this.view.repin();
+  }
+
+  protected onAfterShow(): void {
+    this.view.repin();
+  }
+
+  dispose(): void {
+    this.view.dispose();
+    super.dispose();
+  }
+
+  renderModel(model: IRenderMime.IMimeModel): Promise<void> {
+    let data = model.data[MIME_TYPE] as unknown;
+    if (typeof data === 'string') {
+      try {
+        data = JSON.parse(data);
+      } catch {
+        data = null;
+      }
+    }
+    this.view.update(data && typeof data === 'object' ? (data as IRun) : { status: 'unknown', notes: ['invalid run payload'] });
+    return Promise.resolve();
+  }
+}
+
+function isAtBottom(node: HTMLElement): boolean {
+  return node.scrollHeight - node.scrollTop - node.clientHeight <= PIN_SLACK;
+}
+
+/** Follow the user's scrolling; a box that is not laid out (hidden, detached) says nothing. */
+function trackPin(view: IRankView): void {
+  view.lines.addEventListener(
+    'scroll',
+    () => {
+      if (view.lines.clientHeight > 0) {
+        view.pinned = isAtBottom(view.lines);
+      }
+    },
+    { passive: true }
+  );
+}
+
+/** The header changes on each update anyway (elapsed), so its key is simply its data. */
+function headerKey(run: IRun): string {
+  const { ranks, shape_mismatches, oom_retries, triggers, failure, ...rest } = run;
+  return JSON.stringify(rest);
+}
+
+function renderHeader(run: IRun): Node[] {
+  const top = h('div', 'nl-header-top');
+  top.append(badge(run.status, 'nl-status'), h('span', 'nl-run-id', run.run_id || ''));
+  const fields = h('div', 'nl-fields');
+  const ranks =
+    run.world_size && run.num_processes && run.world_size !== run.num_processes
+      ? `${run.num_processes} of ${run.world_size} ranks here`
+      : `${run.num_processes ?? run.world_size ?? (run.ranks || []).length} ranks`;
+  const values: [string, string | null][] = [
+    ['ranks', ranks],
+    ['device', run.device ?? null],
+    ['backend', run.backend ?? null],
+    ['start-method', run.start_method ? `start method ${run.start_method}` : null],
+    ['elapsed', formatElapsed(run.elapsed) || null],
+    ['attempt', typeof run.attempt === 'number' ? `attempt ${run.attempt}` : null],
+    ['batch-size', typeof run.batch_size === 'number' ? `batch size ${run.batch_size}` : null],
+    ['result', run.result?.type ? `returned ${run.result.type}` : null]
+  ];
+  for (const [name, value] of values) {
+    if (value) {
+      const field = h('span', 'nl-field', value);
+      field.dataset.field = name;
+      fields.appendChild(field);
+    }
+  }
+  top.appendChild(fields);
+  const out: Node[] = [top];
+  if (run.notes && run.notes.length) {
+    const notes = h('ul', 'nl-notes');
+    run.notes.forEach(note => notes.appendChild(h('li', 'nl-note', note)));
+    out.push(notes);
+  }
+  return out;
+}
+
+function failureTitle(failure: IFailure): string {
+  switch (failure.kind) {
+    case 'hang':
+      return 'Hung: the ranks stopped making progress (each rank’s stack is below)';
+    case 'timeout':
+      return 'Timed out';
+    case 'interrupted':
+      return 'Interrupted';
+    default: {
+      const who = typeof failure.rank === 'number' ? `Rank ${failure.rank} failed` : 'Failed';
+      return failure.type ? `${who}: ${failure.type}` : who;
+    }
+  }
+}
+
+/** Root-cause traceback first, then the full message, then per-rank stacks of a hang. */
+function renderFailure(failure: IFailure | null): Node[] | null {
+  if (!failure) {
+    return null;
+  }
+  const out: Node[] = [h('h3', 'nl-failure-title', failureTitle(failure))];
+  if (failure.traceback) {
+    out.push(h('pre', 'nl-traceback', failure.traceback));
+  }
+  if (failure.message) {
+    out.push(h('div', 'nl-label', 'Full message'), h('pre', 'nl-failure-message', failure.message));
+  }
+  const stacks = Object.entries(failure.stacks || {}).sort(([a], [b]) => Number(a) - Number(b));
+  for (const [rank, stack] of stacks) {
+    const box = h('div', 'nl-stack');
+    box.dataset.rank = rank;
+    box.append(h('div', 'nl-label', `rank ${rank}`), h('pre', 'nl-stack-text', stack));
+    out.push(box);
+  }
+  return out;
+}
+
+function formatShape(shape: unknown): string {
+  return Array.isArray(shape) ? `[${shape.join(', ')}]` : shape === undefined || shape === null ? '' : JSON.stringify(shape);
+}
+
+/** One card per mismatch: a table of what each process called; rows whose shape differs from most are marked. */
+function renderMismatch(mismatch: IShapeMismatch, retried: boolean): HTMLElement {
+  const card = h('div', 'nl-mismatch nl-card');
+  setData(card, { attempt: mismatch.attempt });
+  const title = h('div', 'nl-card-title', `Shape mismatch in ${mismatch.operation || 'a collective'}`);
+  if (typeof mismatch.t === 'number') {
+    title.appendChild(h('span', 'nl-time', ` at ${formatElapsed(mismatch.t)}${attemptNote(mismatch.attempt, retried)}`));
+  }
+  card.appendChild(title);
+  const processes = mismatch.processes || [];
+  const counts = new Map<string, number>();
+  processes.forEach(p => counts.set(formatShape(p.shape), (counts.get(formatShape(p.shape)) || 0) + 1));
+  const common = [...counts.entries()].sort((a, b) => b[1] - a[1])[0]?.[0];
+  const table = h('table', 'nl-table');
+  const headRow = h('tr');
+  ['process', 'operation', 'shape', 'dtype', 'call site'].forEach(name => headRow.appendChild(h('th', '', name)));
+  table.appendChild(h('thead')).appendChild(headRow);
+  const body = table.appendChild(h('tbody'));
+  for (const p of processes) {
+    const row = h('tr');
+    const shape = formatShape(p.shape);
+    setData(row, { rank: p.rank, differs: counts.size > 1 && shape !== common ? 'true' : null });
+    [`rank ${p.rank}`, p.operation || '', shape, p.dtype || '', p.call_site || ''].forEach(cell =>
+      row.appendChild(h('td', '', cell))
+    );
+    body.appendChild(row);
+  }
+  card.appendChild(table);
+  if (mismatch.message) {
+    card.appendChild(h('pre', 'nl-mismatch-message', mismatch.message));
+  }
+  return card;
+}
+
+function renderOom(retries: IOomRetry[]): Node[] {
+  const out: Node[] = [h('div', 'nl-section-title', 'Out of memory: batch size steps')];
+  for (const retry of retries) {
+    const row = h('div', 'nl-oom-row');
+    setData(row, { batchSize: retry.batch_size, newBatchSize: retry.new_batch_size });
+    row.append(
+      h('span', 'nl-time', formatElapsed(retry.t)),
+      h('span', 'nl-oom-sizes', `batch size ${retry.batch_size ?? '?'} → ${retry.new_batch_size ?? '?'}`),
+      h('span', 'nl-oom-ranks', `ranks ${(retry.ranks || []).join(', ')}`)
+    );
+    const error = h('span', 'nl-oom-error', retry.error || '');
+    error.title = retry.error || '';
+    row.appendChild(error);
+    out.push(row);
+  }
+  return out;
+}
+
+/** Once a run restarted, events say which try they belong to. */
+function attemptNote(attempt: number | undefined, retried: boolean): string {
+  return retried && typeof attempt === 'number' ? ` (attempt ${attempt})` : '';
+}
+
+function renderTriggers(triggers: ITrigger[], retried: boolean): Node[] {
+  const list = h('ul', 'nl-trigger-list');
+  for (const trigger of triggers) {
+    const when = `${formatElapsed(trigger.t)}${attemptNote(trigger.attempt, retried)}`;
+    const item = h('li', 'nl-trigger', `rank ${trigger.rank} at ${when}: ${trigger.call_site || ''}`);
+    setData(item, { rank: trigger.rank, attempt: trigger.attempt });
+    list.appendChild(item);
+  }
+  return [h('div', 'nl-section-title', 'Triggers (set_trigger)'), list];
+}
+
+function createRankView(): IRankView {
+  const view: IRankView = {
+    node: h('div', 'nl-rank'),
+    head: h('div', 'nl-rank-head'),
+    progress: h('div', 'nl-progress'),
+    charts: h('div', 'nl-charts'),
+    dropped: h('div', 'nl-dropped'),
+    lines: h('div', 'nl-lines'),
+    ns: [],
+    pinned: true,
+    keys: new Map()
+  };
+  view.node.append(view.head, view.progress, view.charts, view.dropped, view.lines);
+  trackPin(view);
+  return view;
+}
+
+/** Patch one rank column; each part is rebuilt only when its key changed. */
+function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [string, IDomain | null][]): void {
+  setData(view.node, { rank: rank.rank, status: rank.status || 'unknown', host: rank.host });
+  const patch = (part: string, key: string, apply: () => void) => {
+    if (view.keys.get(part) !== key) {
+      view.keys.set(part, key);
+      apply();
+    }
+  };
+  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code]), () => {
+    const name = h('span', 'nl-rank-name', `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}`);
+    const meta = h('span', 'nl-rank-meta', [
+      rank.pid ? `pid ${rank.pid}` : '',
+      typeof rank.exit_code === 'number' ? `exit ${rank.exit_code}` : ''
+    ].filter(Boolean).join(' · '));
+    view.head.replaceChildren(name, badge(rank.status, 'nl-rank-status'), meta);
+  });
+  patch('progress', JSON.stringify(rank.progress ?? null), () => renderProgress(view.progress, rank));
+  const history = rank.history || [];
+  const last = history[history.length - 1];
+  patch('charts', JSON.stringify([history.length, last?.t, last?.step, domains]), () => {
+    view.charts.replaceChildren(
+      ...domains.filter(([, d]) => d).map(([series, d]) => renderChart(history, series, d as IDomain))
+    );
+    view.charts.hidden = view.charts.childElementCount === 0;
+  });
+  const dropped = rank.lines_dropped || 0;
+  patch('dropped', `${dropped}:${run.run_dir}`, () => {
+    view.dropped.hidden = dropped <= 0;
+    view.dropped.textContent =
+      dropped > 0
+        ? `${dropped} earlier ${dropped === 1 ? 'line is' : 'lines are'} in the run log: ${run.run_dir || '(run folder)'}`
+        : '';
+  });
+  updateLines(view, rank.lines || []);
+}
+
+function renderProgress(node: HTMLElement, rank: IRank): void {
+  const progress = rank.progress;
+  node.hidden = !progress;
+  if (!progress) {
+    node.replaceChildren();
+    return;
+  }
+  const fraction = progressFraction(progress);
+  setData(node, { step: progress.step, total: progress.total });
+  const bar = h('div', 'nl-progress-bar');
+  const fill = bar.appendChild(h('div', 'nl-progress-fill'));
+  fill.style.width = fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
+  bar.classList.toggle('nl-indeterminate', fraction === null);
+  node.replaceChildren(bar, h('div', 'nl-progress-text', formatProgress(progress)));
+}
+
+/**
+ * Lines are identified by `n`. The payload holds a sliding window (newest lines), so: drop rendered lines
+ * older than the window, check the rest are a prefix of it, append the new ones. Anything else (a new
+ * attempt restarting the numbering) falls back to a full rebuild.
+ */
+function updateLines(view: IRankView, lines: ILine[]): void {
+  const first = lines.length ? lines[0].n : Infinity;
+  let drop = 0;
+  while (drop < view.ns.length && view.ns[drop] < first) {
+    drop++;
+  }
+  let prefix = view.ns.length - drop <= lines.length;
+  for (let i = drop; prefix && i < view.ns.length; i++) {
+    prefix = view.ns[i] === lines[i - drop].n;
+  }
+  if (!prefix) {
+    view.lines.replaceChildren();
+    view.ns = [];
+    drop = 0;
+  }
+  for (let i = 0; i < drop; i++) {
+    view.lines.firstChild?.remove();
+  }
+  view.ns.splice(0, drop);
+  const fresh = lines.slice(view.ns.length);
+  if (fresh.length) {
+    const fragment = document.createDocumentFragment();
+    fresh.forEach(line => fragment.appendChild(renderLine(line)));
+    view.lines.appendChild(fragment);
+    view.ns.push(...fresh.map(line => line.n));
+  }
+}
+
+/** `div.nl-line[data-kind][data-level]`: level and logger name first for log records. */
+function renderLine(line: ILine): HTMLElement {
+  const kind = line.kind || 'stdout';
+  const node = h('div', 'nl-line');
+  setData(node, { n: line.n, kind, level: kind === 'log' ? (line.level || 'INFO').toUpperCase() : null });
+  if (typeof line.t === 'number') {
+    node.title = `${formatNumber(line.t)} s after the start`;
+  }
+  if (kind === 'log') {
+    node.appendChild(h('span', 'nl-level', (line.level || 'INFO').toUpperCase()));
+    if (line.logger) {
+      node.appendChild(h('span', 'nl-logger', line.logger));
+    }
+  }
+  node.appendChild(h('span', 'nl-text', line.text ?? ''));
+  return node;
+}

@@ -1,0 +1,117 @@
+/**
+ * Types of the run payload, `application/vnd.notebook-launcher.run.v1+json` (see ../SCHEMA.md).
+ * Every field is optional here on purpose: the renderer must cope with partial or older payloads and
+ * ignore fields it does not know.
+ */
+
+export const MIME_TYPE = 'application/vnd.notebook-launcher.run.v1+json';
+
+export type RunStatus =
+  | 'starting'
+  | 'running'
+  | 'finished'
+  | 'failed'
+  | 'timed out'
+  | 'hung'
+  | 'interrupted';
+
+export type RankStatus = 'starting' | 'running' | 'finished' | 'failed' | 'stuck' | 'stopped';
+
+export interface ILine {
+  n: number;
+  t?: number;
+  kind?: 'stdout' | 'stderr' | 'log';
+  level?: string | null;
+  logger?: string | null;
+  text?: string;
+}
+
+export interface IProgress {
+  step?: number | null;
+  total?: number | null;
+  metrics?: Record<string, number>;
+  step_time?: number | null;
+}
+
+export interface IHistoryPoint {
+  step?: number | null;
+  t?: number;
+  step_time?: number | null;
+  metrics?: Record<string, number>;
+}
+
+export interface IRank {
+  rank: number;
+  host?: string | null;
+  status?: RankStatus | string;
+  pid?: number | null;
+  exit_code?: number | null;
+  lines?: ILine[];
+  lines_total?: number;
+  lines_dropped?: number;
+  progress?: IProgress | null;
+  history?: IHistoryPoint[];
+}
+
+export interface IMismatchProcess {
+  rank: number;
+  operation?: string;
+  shape?: unknown;
+  dtype?: string | null;
+  call_site?: string | null;
+}
+
+export interface IShapeMismatch {
+  operation?: string;
+  t?: number;
+  attempt?: number;
+  processes?: IMismatchProcess[];
+  message?: string;
+}
+
+export interface IOomRetry {
+  t?: number;
+  ranks?: number[];
+  batch_size?: number | null;
+  new_batch_size?: number | null;
+  error?: string;
+}
+
+export interface ITrigger {
+  rank: number;
+  t?: number;
+  attempt?: number;
+  call_site?: string | null;
+}
+
+export interface IFailure {
+  kind?: 'failure' | 'hang' | 'timeout' | 'interrupted' | string;
+  rank?: number | null;
+  type?: string | null;
+  traceback?: string | null;
+  message?: string | null;
+  stacks?: Record<string, string> | null;
+}
+
+export interface IRun {
+  version?: number;
+  run_id?: string;
+  run_dir?: string;
+  status?: RunStatus | string;
+  device?: string;
+  backend?: string;
+  start_method?: string;
+  num_processes?: number;
+  world_size?: number;
+  started_at?: number;
+  elapsed?: number;
+  attempt?: number;
+  notes?: string[];
+  ranks?: IRank[];
+  shape_mismatches?: IShapeMismatch[];
+  oom_retries?: IOomRetry[];
+  batch_size?: number | null;
+  triggers?: ITrigger[];
+  failure?: IFailure | null;
+  result?: { type?: string } | null;
+}

@@ -1,0 +1,250 @@
+/**
+ * The "Runs" sidebar (package.json `jupyterlab.extension`): lists every run panel found in the outputs of
+ * the open notebooks. It needs no kernel channel: the run payload in the outputs is the whole state, and
+ * the output models signal each `update_display_data`, so the list stays live by listening to them.
+ */
+
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import type { ICellModel, ICodeCellModel } from '@jupyterlab/cells';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { badge, h, setData } from './dom';
+import { formatElapsed, formatProgress, progressFraction, rankCounts, slowestProgress } from './format';
+import { IRun, MIME_TYPE } from './schema';
+
+const SIDEBAR_ID = 'notebook-launcher-runs';
+
+/** Debounce for rescans: outputs update a few times a second per run. */
+const RESCAN_MS = 150;
+
+export const runsIcon = new LabIcon({
+  name: 'notebook-launcher-panel:runs',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">' +
+    '<g class="jp-icon3" fill="#616161">' +
+    '<rect x="3" y="4" width="18" height="4" rx="1"/><rect x="3" y="10" width="13" height="4" rx="1"/>' +
+    '<rect x="3" y="16" width="8" height="4" rx="1"/></g></svg>'
+});
+
+/** A run found in a notebook output, with where to find it again. */
+interface IFoundRun {
+  key: string;
+  panel: NotebookPanel;
+  cell: ICellModel;
+  run: IRun;
+}
+
+/** Find every run payload in the code cells' outputs of the open notebooks, in notebook and cell order. */
+export function findRuns(tracker: INotebookTracker): IFoundRun[] {
+  const found: IFoundRun[] = [];
+  const seen = new Set<string>();
+  tracker.forEach(panel => {
+    if (panel.isDisposed) {
+      return;
+    }
+    const cells = panel.context.model.cells;
+    for (let i = 0; i < cells.length; i++) {
+      const cell = cells.get(i);
+      if (cell.type !== 'code') {
+        continue;
+      }
+      const outputs = (cell as ICodeCellModel).outputs;
+      for (let j = 0; j < outputs.length; j++) {
+        const run = outputs.get(j).data[MIME_TYPE] as IRun | undefined;
+        if (!run || typeof run !== 'object') {
+          continue;
+        }
+        const key = `${panel.id}:${run.run_id ?? `${cell.id}:${j}`}`;
+        if (!seen.has(key)) {
+          seen.add(key);
+          found.push({ key, panel, cell, run });
+        }
+      }
+    }
+  });
+  return found;
+}
+
+/** The sidebar widget: `.nl-sidebar` with one `.nl-sidebar-run` per run. */
+export class RunsSidebar extends Widget {
+  private readonly list = h('ul', 'nl-sidebar-list');
+  private readonly empty = h('div', 'nl-sidebar-empty', 'No runs in the open notebooks.');
+  private readonly items = new Map<string, { node: HTMLLIElement; key: string }>();
+  private found = new Map<string, IFoundRun>();
+  private timer: ReturnType<typeof setTimeout> | null = null;
+
+  constructor(
+    private readonly tracker: INotebookTracker,
+    private readonly shell: JupyterFrontEnd.IShell
+  ) {
+    super();
+    this.id = SIDEBAR_ID;
+    this.addClass('nl-sidebar');
+    this.title.icon = runsIcon;
+    this.title.caption = 'Runs';
+    this.node.append(h('div', 'nl-sidebar-title', 'Runs'), this.empty, this.list);
+    this.list.addEventListener('click', event => this.onActivate(event));
+    this.list.addEventListener('keydown', event => {
+      if (event.key === 'Enter' || event.key === ' ') {
+        event.preventDefault();
+        this.onActivate(event);
+      }
+    });
+    tracker.widgetAdded.connect((_, panel) => this.watchPanel(panel));
+    tracker.forEach(panel => this.watchPanel(panel));
+    this.schedule();
+  }
+
+  dispose(): void {
+    if (this.timer !== null) {
+      clearTimeout(this.timer);
+    }
+    super.dispose();
+  }
+
+  /** Rescan soon; many signals in a burst cost one rescan. */
+  schedule(): void {
+    if (this.timer === null && !this.isDisposed) {
+      this.timer = setTimeout(() => {
+        this.timer = null;
+        this.refresh();
+      }, RESCAN_MS);
+    }
+  }
+
+  /** Rescan now and patch the list, rebuilding only the entries whose run changed. */
+  refresh(): void {
+    const runs = findRuns(this.tracker);
+    this.found = new Map(runs.map(found => [found.key, found]));
+    let previous: HTMLElement | null = null;
+    for (const found of runs) {
+      const dataKey = JSON.stringify([found.run, found.panel.context.path]);
+      let item = this.items.get(found.key);
+      if (!item) {
+        item = { node: h('li', 'nl-sidebar-run'), key: '' };
+        item.node.tabIndex = 0;
+        item.node.setAttribute('role', 'button');
+        item.node.dataset.key = found.key;
+        this.items.set(found.key, item);
+      }
+      if (item.key !== dataKey) {
+        item.key = dataKey;
+        renderEntry(item.node, found);
+      }
+      const wanted: ChildNode | null = previous ? previous.nextSibling : this.list.firstChild;
+      if (item.node !== wanted) {
+        this.list.insertBefore(item.node, wanted);
+      }
+      previous = item.node;
+    }
+    for (const [key, item] of this.items) {
+      if (!this.found.has(key)) {
+        item.node.remove();
+        this.items.delete(key);
+      }
+    }
+    this.empty.hidden = runs.length > 0;
+  }
+
+  private watchPanel(panel: NotebookPanel): void {
+    const cells = panel.context.model.cells;
+    const watchCells = () => {
+      // Lumino ignores a second connect of the same slot, so rewatching every cell is harmless.
+      for (let i = 0; i < cells.length; i++) {
+        const cell = cells.get(i);
+        if (cell.type === 'code') {
+          (cell as ICodeCellModel).outputs.changed.connect(this.schedule, this);
+          (cell as ICodeCellModel).outputs.stateChanged.connect(this.schedule, this);
+        }
+      }
+      this.schedule();
+    };
+    cells.changed.connect(watchCells);
+    panel.context.pathChanged.connect(this.schedule, this);
+    panel.disposed.connect(() => {
+      cells.changed.disconnect(watchCells);
+      this.schedule();
+    });
+    watchCells();
+  }
+
+  /** Show the run's notebook and scroll its cell into view. */
+  private onActivate(event: Event): void {
+    const node = (event.target as HTMLElement).closest<HTMLElement>('.nl-sidebar-run');
+    const found = node ? this.found.get(node.dataset.key || '') : undefined;
+    if (!found || found.panel.isDisposed) {
+      return;
+    }
+    const { panel, cell } = found;
+    this.shell.activateById(panel.id);
+    const cells = panel.context.model.cells;
+    let index = -1;
+    for (let i = 0; i < cells.length; i++) {
+      if (cells.get(i) === cell) {
+        index = i;
+        break;
+      }
+    }
+    const widget = panel.content.widgets[index];
+    if (widget) {
+      panel.content.activeCellIndex = index;
+      // After activation, so the notebook has a layout to scroll in.
+      requestAnimationFrame(() => void panel.content.scrollToCell(widget, 'start'));
+    }
+  }
+}
+
+/** One entry: status, run id, notebook, elapsed, rank counts, the slowest rank's progress. */
+function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
+  const { run, panel } = found;
+  const counts = rankCounts(run);
+  setData(node, {
+    runId: run.run_id,
+    status: run.status || 'unknown',
+    notebook: panel.context.path,
+    running: counts.running || 0,
+    failed: counts.failed || 0,
+    stuck: counts.stuck || 0
+  });
+  const top = h('div', 'nl-sidebar-run-top');
+  top.append(badge(run.status, 'nl-status'), h('span', 'nl-sidebar-run-id', run.run_id || '(no id)'));
+  const name = panel.context.path.split('/').pop() || panel.context.path;
+  const meta = h('div', 'nl-sidebar-run-meta', [name, formatElapsed(run.elapsed)].filter(Boolean).join(' · '));
+  const parts = [`${counts.running || 0} running`, `${counts.failed || 0} failed`, `${counts.stuck || 0} stuck`];
+  for (const status of ['starting', 'finished', 'stopped']) {
+    if (counts[status]) {
+      parts.push(`${counts[status]} ${status}`);
+    }
+  }
+  const ranks = h('div', 'nl-sidebar-run-ranks', parts.join(' · '));
+  const children: Node[] = [top, meta, ranks];
+  const progress = slowestProgress(run.ranks);
+  if (progress) {
+    const box = h('div', 'nl-progress');
+    setData(box, { step: progress.step, total: progress.total });
+    const bar = box.appendChild(h('div', 'nl-progress-bar'));
+    const fraction = progressFraction(progress);
+    bar.classList.toggle('nl-indeterminate', fraction === null);
+    bar.appendChild(h('div', 'nl-progress-fill')).style.width = fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
+    box.appendChild(h('div', 'nl-progress-text', formatProgress({ step: progress.step, total: progress.total })));
+    children.push(box);
+  }
+  node.replaceChildren(...children);
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'notebook-launcher-panel:sidebar',
+  description: 'The "Runs" sidebar: every notebook_launcher run in the open notebooks.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ILayoutRestorer],
+  activate: (app: JupyterFrontEnd, tracker: INotebookTracker, restorer: ILayoutRestorer | null) => {
+    const sidebar = new RunsSidebar(tracker, app.shell);
+    app.shell.add(sidebar, 'left', { rank: 700 });
+    restorer?.add(sidebar, SIDEBAR_ID);
+  }
+};
+
+export default plugin;

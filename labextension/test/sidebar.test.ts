@@ -1,0 +1,105 @@
+import { Signal } from '@lumino/signaling';
+import { describe, expect, it, vi } from 'vitest';
+
+import { findRuns, RunsSidebar } from '../src/sidebar';
+import { MIME_TYPE } from '../src/schema';
+import { rank, run } from './fixtures';
+
+// The sidebar only needs tokens and LabIcon from JupyterLab at run time; the real packages pull in the
+// whole UI toolkit, which does not load in jsdom.
+vi.mock('@jupyterlab/application', () => ({ ILayoutRestorer: {} }));
+vi.mock('@jupyterlab/notebook', () => ({ INotebookTracker: {} }));
+vi.mock('@jupyterlab/ui-components', () => ({ LabIcon: class {} }));
+
+/** Just enough of a notebook panel, its model's cells and their output models for the sidebar. */
+function fakePanel(id: string, path: string, outputs: unknown[][]) {
+  const cells = outputs.map((data, i) => {
+    const items = data.map(d => ({ data: { [MIME_TYPE]: d } }));
+    return {
+      id: `cell-${i}`,
+      type: 'code',
+      outputs: {
+        get length() {
+          return items.length;
+        },
+        get: (j: number) => items[j],
+        items,
+        changed: new Signal<any, any>({}),
+        stateChanged: new Signal<any, any>({})
+      }
+    };
+  });
+  const list = { get length() { return cells.length; }, get: (i: number) => cells[i], changed: new Signal<any, any>({}) };
+  const widgets = cells.map(() => ({}));
+  return {
+    id,
+    isDisposed: false,
+    cells,
+    context: { path, model: { cells: list }, pathChanged: new Signal<any, any>({}) },
+    content: { widgets, activeCellIndex: -1, scrollToCell: vi.fn(() => Promise.resolve()) },
+    disposed: new Signal<any, any>({})
+  };
+}
+
+function fakeTracker(panels: ReturnType<typeof fakePanel>[]) {
+  return {
+    forEach: (fn: (panel: any) => void) => panels.forEach(fn),
+    widgetAdded: new Signal<any, any>({})
+  } as any;
+}
+
+describe('Runs sidebar', () => {
+  it('finds runs in every open notebook, in order, once each', () => {
+    const a = fakePanel('nb-a', 'a.ipynb', [[run({ run_id: 'r1' })], [], [run({ run_id: 'r2' }), run({ run_id: 'r2' })]]);
+    const b = fakePanel('nb-b', 'dir/b.ipynb', [[run({ run_id: 'r3', status: 'failed' })]]);
+    const found = findRuns(fakeTracker([a, b]));
+    expect(found.map(f => [f.panel.id, f.run.run_id])).toEqual([
+      ['nb-a', 'r1'],
+      ['nb-a', 'r2'],
+      ['nb-b', 'r3']
+    ]);
+  });
+
+  it('lists runs with status and rank counts, and reveals the cell on click', () => {
+    const ranks = [rank(0, { status: 'running', progress: { step: 5, total: 10 } }), rank(1, { status: 'stuck' }), rank(2, { status: 'failed' })];
+    const panel = fakePanel('nb-a', 'a.ipynb', [[], [run({ run_id: 'r1', status: 'hung', ranks })]]);
+    const shell = { activateById: vi.fn() } as any;
+    const sidebar = new RunsSidebar(fakeTracker([panel]), shell);
+    document.body.replaceChildren(sidebar.node);
+    sidebar.refresh();
+    const item = sidebar.node.querySelector<HTMLElement>('.nl-sidebar-run[data-run-id="r1"]')!;
+    expect(item.dataset.status).toBe('hung');
+    expect([item.dataset.running, item.dataset.failed, item.dataset.stuck]).toEqual(['1', '1', '1']);
+    expect(item.querySelector('.nl-sidebar-run-ranks')?.textContent).toBe('1 running · 1 failed · 1 stuck');
+    expect(item.querySelector('.nl-progress-text')?.textContent).toBe('step 5/10');
+    expect(sidebar.node.querySelector<HTMLElement>('.nl-sidebar-empty')!.hidden).toBe(true);
+
+    vi.stubGlobal('requestAnimationFrame', (fn: () => void) => fn());
+    item.click();
+    expect(shell.activateById).toHaveBeenCalledWith('nb-a');
+    expect(panel.content.activeCellIndex).toBe(1);
+    expect(panel.content.scrollToCell).toHaveBeenCalledWith(panel.content.widgets[1], 'start');
+    vi.unstubAllGlobals();
+    sidebar.dispose();
+  });
+
+  it('follows output changes', async () => {
+    vi.useFakeTimers();
+    const panel = fakePanel('nb-a', 'a.ipynb', [[run({ run_id: 'r1' })]]);
+    const sidebar = new RunsSidebar(fakeTracker([panel]), { activateById: vi.fn() } as any);
+    vi.runAllTimers();
+    expect(sidebar.node.querySelectorAll('.nl-sidebar-run')).toHaveLength(1);
+    const outputs = panel.cells[0].outputs;
+    outputs.items[0] = { data: { [MIME_TYPE]: run({ run_id: 'r1', status: 'finished' }) } };
+    outputs.stateChanged.emit(0);
+    vi.runAllTimers();
+    expect(sidebar.node.querySelector<HTMLElement>('.nl-sidebar-run')!.dataset.status).toBe('finished');
+    outputs.items.length = 0;
+    outputs.changed.emit({});
+    vi.runAllTimers();
+    expect(sidebar.node.querySelectorAll('.nl-sidebar-run')).toHaveLength(0);
+    expect(sidebar.node.querySelector<HTMLElement>('.nl-sidebar-empty')!.hidden).toBe(false);
+    sidebar.dispose();
+    vi.useRealTimers();
+  });
+});
