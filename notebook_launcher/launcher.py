@@ -15,6 +15,7 @@ from .display.panel import DISPLAYS, PanelDisplay, wants_panel
 from .display.state import RunState
 from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
+from .rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
                       hang_message, root_cause)
 from .supervisor import Supervisor
@@ -222,14 +223,16 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
         with os.fdopen(descriptor, "wb") as out:
             out.write(payload)
 
+    current = _Attempt()
+
     def on_event(event: Event) -> None:
         if event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
             run.events.append(event)
         else:
             run.events_dropped += 1  # output lines beyond the cap are in the run log only
         log.write(event)
-        tracker.observe(event)  # the attempt's FailureTracker and InOrderRelease, made below
-        in_order.push(event)
+        current.tracker.observe(event)  # the attempt's FailureTracker and InOrderRelease
+        current.in_order.push(event)
         if event.kind == RESULT:
             run.results[event.rank] = _unpickle_result(event)
         elif event.kind == BATCH_SIZE:
@@ -237,16 +240,47 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
 
+    meeting_point = None
+    if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
+        meeting_point = NodeRendezvous(f"{plan.master_addr}:{plan.requested_port}", plan.rdzv_id, plan.num_nodes,
+                                       plan.timeout, plan.rdzv_conf)
+    try:
+        return _attempts(plan, run, display, payload_path, on_event, current, meeting_point)
+    finally:
+        if meeting_point is not None:
+            meeting_point.close()
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """What the event handler feeds for the attempt under way."""
+
+    tracker: FailureTracker | None = None
+    in_order: InOrderRelease | None = None
+
+
+def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _Attempt, meeting_point):
+    """Launch attempts: the first, then one per out-of-memory step down or allowed restart."""
     restarts = 0
     while True:
         run.attempts += 1
-        reservation = planning.reserve_port(plan.master_addr, plan.requested_port) if plan.num_nodes == 1 else None
-        if reservation is not None:
+        if meeting_point is not None:  # c10d: the nodes meet; node 0 tells the others where the store is
+            meeting = _meet(meeting_point, plan, run)
+            plan = dataclasses.replace(plan, node_rank=meeting.node_rank, master_addr=meeting.master_addr,
+                                       master_port=meeting.master_port)
+            display.retarget(plan.node_rank, [plan.global_rank(local) for local in range(plan.num_processes)])
+            reservation = meeting.reservation
+        elif plan.num_nodes == 1:
+            reservation = planning.reserve_port(plan.master_addr, plan.requested_port)
+        else:
+            reservation = None
+        if reservation is not None and meeting_point is None:
             plan = dataclasses.replace(plan, master_port=reservation.port, port_note=reservation.note)
         if run.attempts == 1:
             display.note(plan.describe())
-        tracker = FailureTracker()
-        in_order = InOrderRelease([plan.global_rank(local) for local in range(plan.num_processes)], display.show)
+        tracker = current.tracker = FailureTracker()
+        in_order = current.in_order = InOrderRelease([plan.global_rank(local) for local in range(plan.num_processes)],
+                                                     display.show)
         supervisor = Supervisor(plan, on_event, payload_path, on_tick=_both(in_order.release, display.tick),
                                 store_listen_fd=reservation.fileno() if reservation else -1, progress_dir=run.run_dir)
         run.status = "running"
@@ -293,6 +327,18 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
         on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
             "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
+
+
+def _meet(meeting_point: NodeRendezvous, plan, run: Run):
+    try:
+        return meeting_point.meet()
+    except NodeRendezvousTimeout as exc:
+        run.status = "timed out"
+        raise LaunchTimeoutError(
+            f"This node waited at the c10d rendezvous {meeting_point.endpoint} (rdzv_id={plan.rdzv_id!r}) for "
+            f"all {plan.num_nodes} nodes and not all arrived within {meeting_point.join_timeout:g} s: a node never "
+            f"joined. Start the same launch on every node with the same num_nodes, rdzv_endpoint and rdzv_id, "
+            f"and check that {meeting_point.endpoint} is reachable from every node. (torch: {exc})", run) from None
 
 
 def _both(first, second):

@@ -143,10 +143,11 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         raise TypeError(f"rdzv_conf must be a dict or None, got {type(rdzv_conf).__name__}")
     if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
         raise TypeError("log_line_prefix_template must be a string such as '[${rank}]: ' or None")
-    if num_nodes > 1 and rdzv_backend != "static":
+    if num_nodes > 1 and rdzv_backend not in ("static", "c10d"):
         raise LaunchArgumentError(
-            f"rdzv_backend={rdzv_backend!r} with num_nodes={num_nodes} is not supported yet; use "
-            f"rdzv_backend='static' with master_addr and use_port set to node 0's address and a free port")
+            f"rdzv_backend={rdzv_backend!r} with num_nodes={num_nodes} is not supported (torch's etcd rendezvous "
+            f"is deprecated); use rdzv_backend='c10d' with rdzv_endpoint='host:port', or 'static' with "
+            f"master_addr and use_port set to node 0's address and a free port")
 
     if rdzv_endpoint:
         master_addr, endpoint_port = _split_endpoint(rdzv_endpoint)

@@ -370,9 +370,11 @@ def _init_process_group(spec: WorkerSpec) -> bool:
         torch.cuda.set_device(spec.local_rank)
         kwargs["device_id"] = torch.device("cuda", spec.local_rank)
     if spec.explicit_store:
-        kwargs["store"] = dist.TCPStore(
+        store = dist.TCPStore(
             spec.env["MASTER_ADDR"], int(spec.env["MASTER_PORT"]), spec.world_size, is_master=spec.rank == 0,
             master_listen_fd=spec.store_listen_fd if spec.rank == 0 else None, wait_for_workers=False)
+        # the prefix env:// adds itself: ranks of other nodes (which join through env://) see the same keys
+        kwargs["store"] = dist.PrefixStore("default_pg", store)
     else:
         kwargs["init_method"] = "env://"
     dist.init_process_group(backend=spec.backend, rank=spec.rank, world_size=spec.world_size, **kwargs)

@@ -67,6 +67,10 @@ class PanelDisplay:
         self.state.note(text)
         self.tick()
 
+    def retarget(self, node_rank: int, ranks) -> None:
+        """The rendezvous gave this node its rank (c10d): the columns are its ranks."""
+        self.state.set_ranks(ranks)
+
     def tick(self) -> None:
         """Publish if something changed and the last update is old enough, or if the clock should move."""
         now = time.monotonic()

@@ -74,6 +74,14 @@ class RunState:
             handler(self, event)
             self.changes += 1
 
+    def set_ranks(self, ranks) -> None:
+        """This node's global ranks, once a rendezvous has assigned them; columns of other ranks go."""
+        ranks = list(ranks)
+        if sorted(ranks) != sorted(self.ranks):
+            lines = self._any_rank().lines.maxlen or LINES_PER_RANK
+            self.ranks = {rank: self.ranks.get(rank) or RankState(rank, lines) for rank in ranks}
+            self.changes += 1
+
     def note(self, text: str) -> None:
         self.notes.append(text)
         self.changes += 1

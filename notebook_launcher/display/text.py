@@ -72,6 +72,11 @@ class TextDisplay:
             self._last_stream = stream
         (sys.stderr if stream == "stderr" else sys.stdout).write(text)
 
+    def retarget(self, node_rank: int, ranks) -> None:
+        """The rendezvous gave this node its rank (c10d): prefixes use the new local ranks."""
+        self._node_rank = node_rank
+        self._prefixes.clear()
+
     def tick(self) -> None:
         """Nothing to refresh: lines are written as they arrive."""
 

@@ -1,0 +1,96 @@
+"""Several nodes meeting through torch's c10d rendezvous (``rdzv_backend="c10d"``), as torchrun does.
+
+Every node's kernel joins the rendezvous at ``rdzv_endpoint`` (the first node to arrive on the endpoint's host
+serves its store); torch assigns the node ranks (0..num_nodes-1) in the order they joined. Node 0 then reserves
+a port for the workers' process-group store on an address the others can reach and publishes it in the
+rendezvous store; the other nodes read it. From there the launch is the static one: global rank =
+node_rank * num_processes + local_rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+from datetime import timedelta
+
+from .plan import PortReservation
+
+MASTER_KEY = "notebook_launcher.master"  # node 0 publishes "addr:port" here, per rendezvous round
+DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's default
+
+
+class NodeRendezvousTimeout(TimeoutError):
+    """Not every node joined the rendezvous within its timeout."""
+
+
+@dataclasses.dataclass
+class Meeting:
+    node_rank: int
+    master_addr: str
+    master_port: int
+    reservation: PortReservation | None  # node 0: the listening socket rank 0's store will serve on
+
+
+class NodeRendezvous:
+    """One handler per launch; ``meet()`` once per attempt (a restart is a new round, as in torch elastic)."""
+
+    def __init__(self, endpoint: str, run_id: str, num_nodes: int, timeout: float | None, conf: dict):
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        self.endpoint = endpoint
+        self.run_id = run_id
+        self.num_nodes = num_nodes
+        options = {"join_timeout": timeout or DEFAULT_JOIN_TIMEOUT_S, **conf}
+        self.join_timeout = float(options["join_timeout"])
+        self._params = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=run_id, min_nodes=num_nodes,
+                                            max_nodes=num_nodes, **options)
+        self._handler = get_rendezvous_handler(self._params)
+
+    def meet(self) -> Meeting:
+        from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+        try:
+            info = self._handler.next_rendezvous()
+        except RendezvousTimeoutError as exc:
+            raise NodeRendezvousTimeout(str(exc)) from exc
+        store = info.store
+        if info.rank == 0:
+            address = advertised_address(self.endpoint)
+            reservation = PortReservation("::" if ":" in address else "0.0.0.0", 0)
+            store.set(MASTER_KEY, f"{address} {reservation.port}")
+            return Meeting(0, address, reservation.port, reservation)
+        store.set_timeout(timedelta(seconds=self.join_timeout))
+        address, port = store.get(MASTER_KEY).decode().split(" ")
+        return Meeting(info.rank, address, int(port), None)
+
+    def close(self) -> None:
+        """Stop the heartbeats and drop the handler (and the store it may serve). The rendezvous is not marked
+        closed, so the same rdzv_id can meet again in a later launch."""
+        stop_heartbeats = getattr(self._handler, "_stop_heartbeats", None)
+        if stop_heartbeats is not None:
+            stop_heartbeats()
+        self._handler = None
+
+
+def advertised_address(endpoint: str) -> str:
+    """The address the other nodes use to reach this one: the interface that routes to the rendezvous
+    endpoint (loopback for a loopback endpoint), else this host's name, as torchrun does."""
+    host = endpoint.rsplit(":", 1)[0].strip("[]") if ":" in endpoint else endpoint
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    except ValueError:
+        if host == "localhost":
+            return "127.0.0.1"
+    try:
+        family, _, _, _, target = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(target[:2])  # no packet is sent: this only asks the routing table
+            local = probe.getsockname()[0]
+        if not ipaddress.ip_address(local).is_loopback:
+            return local
+    except OSError:
+        pass
+    return socket.getfqdn()
