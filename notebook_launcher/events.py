@@ -390,3 +390,71 @@ class ProgressRecord:
 
     def close(self) -> None:
         self._map.close()
+
+
+# -- events across hosts (hosts=...): an agent's frames on its SSH channel, each signed with the run's secret --------
+AGENT_EVENT = "agent"  # data {"master_port": p} from node 0's agent, {"done": exit_code} at its end
+NOTE_EVENT = "note"  # data {"text"}: a line of an agent's own launcher
+NODE_ERROR_EVENT = "node_error"  # data {"type", "message", "traceback"}: the launch on that host ended so
+AGENT_MAGIC = b"NOTEBOOK-LAUNCHER-AGENT/1\n"  # what comes before the frames: anything earlier (a login banner) is skipped
+_SIGNED_HEADER = struct.Struct(">I")
+_MAC_BYTES = 32
+MAX_SIGNED_FRAME = 256 * 2**20  # a rank's pickled result can be large; a longer length is a broken stream
+
+
+def sign_frame(secret: bytes, counter: int, frame: bytes) -> bytes:
+    """``[u32 length][HMAC-SHA256(secret, counter || frame)][frame]``: a frame the kernel accepts only if it comes
+    from the agent that was given this run's secret, in order, unmodified."""
+    import hmac
+
+    mac = hmac.new(secret, counter.to_bytes(8, "big") + frame, "sha256").digest()
+    return _SIGNED_HEADER.pack(len(frame)) + mac + frame
+
+
+class UnverifiedStream(Exception):
+    """A host's stream carried a frame that is not signed with the run's secret (or is out of order)."""
+
+
+class SignedFrameReader:
+    """Kernel side: bytes from one agent's SSH channel → verified ``(header, attachment)`` frames.
+
+    Nothing is decoded before its signature is checked; the first bad frame ends the stream for good.
+    """
+
+    def __init__(self, secret: bytes):
+        self._secret = secret
+        self._buffer = bytearray()
+        self._counter = 0
+        self._started = False
+
+    def feed(self, chunk: bytes) -> list[tuple[dict, bytes]]:
+        import hmac
+
+        self._buffer += chunk
+        if not self._started:
+            at = self._buffer.find(AGENT_MAGIC)
+            if at < 0:
+                del self._buffer[:-len(AGENT_MAGIC)]
+                return []
+            del self._buffer[:at + len(AGENT_MAGIC)]
+            self._started = True
+        frames = []
+        prefix = _SIGNED_HEADER.size + _MAC_BYTES
+        while len(self._buffer) >= prefix:
+            (length,) = _SIGNED_HEADER.unpack_from(self._buffer)
+            if length > MAX_SIGNED_FRAME:
+                raise UnverifiedStream(f"a frame of {length} bytes")
+            if len(self._buffer) < prefix + length:
+                break
+            mac = bytes(self._buffer[_SIGNED_HEADER.size:prefix])
+            frame = bytes(self._buffer[prefix:prefix + length])
+            self._counter += 1
+            expected = hmac.new(self._secret, self._counter.to_bytes(8, "big") + frame, "sha256").digest()
+            if not hmac.compare_digest(mac, expected):
+                raise UnverifiedStream(f"frame {self._counter} is not signed with this run's secret")
+            del self._buffer[:prefix + length]
+            decoded = FrameDecoder().feed(frame)
+            if len(decoded) != 1:
+                raise UnverifiedStream(f"frame {self._counter} is not one event")
+            frames.append(decoded[0])
+        return frames

@@ -16,6 +16,7 @@ from .display.state import RunState
 from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event, RunLog
 from .ordering import InOrderRelease
 from .rendezvous import NodeRendezvous, NodeRendezvousTimeout
+from .cluster import STOP_GRACE_S, Cluster, HostFailedError, resolve_hosts
 from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
                       hang_message, root_cause)
 from .supervisor import Supervisor
@@ -101,7 +102,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
-                      timeout=None, debug=None, config_file=None, memory_limit=None, display="auto"):
+                      timeout=None, debug=None, config_file=None, memory_limit=None, display="auto", hosts=None,
+                      hostfile=None, ssh_options=None):
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
 
     Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
@@ -152,15 +154,19 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     """
     global _last_run
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
-    if display not in DISPLAYS:
+    if isinstance(display, str) and display not in DISPLAYS or not isinstance(display, str) and not all(
+            hasattr(display, method) for method in ("show", "note", "tick", "retarget")):
         raise planning.LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
+    hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options)
+    if hosts:
+        num_nodes, master_addr = len(hosts), hosts[0]
     plan = planning.make_plan(
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
         start_method, device, backend, timeout, debug, config_file, memory_limit)
-    payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers else b""
+    payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers or hosts else b""
     log = RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
               start_method=plan.start_method, num_processes=plan.num_processes, world_size=plan.world_size)
@@ -169,15 +175,19 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     del _recent_runs[:-20]
     text = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
     panel = None
-    if wants_panel(display) and not plan.runs_in_kernel and plan.device != "xla":
+    if not isinstance(display, str):
+        text = display  # a display of the caller's (the agent of a launch across hosts forwards the events)
+    elif wants_panel(display) and not plan.runs_in_kernel and plan.device != "xla":
+        ranks = range(plan.world_size) if hosts else [plan.global_rank(local) for local in range(plan.num_processes)]
         panel = PanelDisplay(RunState(run.run_id, run.run_dir, plan.device, plan.backend, plan.start_method,
-                                      plan.num_processes, plan.world_size,
-                                      [plan.global_rank(local) for local in range(plan.num_processes)]),
+                                      plan.num_processes, plan.world_size, list(ranks)),
                              plan.log_line_prefix_template)
     display = panel or text
     _warn_old_kernel_once(display)
     started = time.monotonic()
     try:
+        if hosts:
+            return _run_cluster(plan, run, log, display, payload, hosts, ssh_options)
         if plan.runs_in_kernel:
             display.note(f"1 process: running {_name(function)} in this kernel on {plan.device}")
             return _run_in_kernel(plan, run)
@@ -224,22 +234,7 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
             out.write(payload)
 
     current = _Attempt()
-
-    def on_event(event: Event) -> None:
-        if event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
-            run.events.append(event)
-        else:
-            run.events_dropped += 1  # output lines beyond the cap are in the run log only
-        log.write(event)
-        current.tracker.observe(event)  # the attempt's FailureTracker and InOrderRelease
-        current.in_order.push(event)
-        if event.kind == RESULT:
-            run.results[event.rank] = _unpickle_result(event)
-        elif event.kind == BATCH_SIZE:
-            run.batch_sizes[event.data["key"]] = event.data["batch_size"]
-        elif event.kind == EXIT:
-            run.exit_codes[event.rank] = event.data.get("exit_code")
-
+    on_event = _event_handler(run, log, current)
     meeting_point = None
     if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
         meeting_point = NodeRendezvous(f"{plan.master_addr}:{plan.requested_port}", plan.rdzv_id, plan.num_nodes,
@@ -249,6 +244,26 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
     finally:
         if meeting_point is not None:
             meeting_point.close()
+
+
+def _event_handler(run: Run, log: RunLog, current):
+    """Every event of a run: kept on the Run (output lines up to a cap), written to the run log, followed by the
+    attempt's FailureTracker and passed on in order (InOrderRelease) to the display."""
+    def on_event(event: Event) -> None:
+        if event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
+            run.events.append(event)
+        else:
+            run.events_dropped += 1  # output lines beyond the cap are in the run log only
+        log.write(event)
+        current.tracker.observe(event)
+        current.in_order.push(event)
+        if event.kind == RESULT:
+            run.results[event.rank] = _unpickle_result(event)
+        elif event.kind == BATCH_SIZE:
+            run.batch_sizes[event.data["key"]] = event.data["batch_size"]
+        elif event.kind == EXIT:
+            run.exit_codes[event.rank] = event.data.get("exit_code")
+    return on_event
 
 
 @dataclasses.dataclass
@@ -327,6 +342,47 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
         on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
             "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
+
+
+def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: list[str], ssh_options):
+    """Every host's ranks through its SSH-started agent; their events join this kernel's event pipeline."""
+    run.attempts = 1
+    current = _Attempt(FailureTracker(), InOrderRelease(list(range(plan.world_size)), display.show))
+    on_event = _event_handler(run, log, current)
+    display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
+                 f"per host, on {plan.device} ({plan.backend})")
+    cluster = Cluster(plan, hosts, ssh_options, payload, on_event, display.note)
+    run.status = "running"
+    try:
+        cluster.run(plan.timeout)
+    finally:
+        current.in_order.release(everything=True)
+    if cluster.stop_reason == "interrupted":
+        raise KeyboardInterrupt
+    failures = current.tracker.failures()
+    problem = cluster.host_problem()
+    if failures:
+        cause = root_cause(failures)
+        run.failures, run.root_cause, run.status = failures, cause, "failed"
+        message = failure_message(cause, failures, current.tracker, list(range(plan.world_size)), run.run_dir)
+        raise RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures, run)
+    if problem:
+        run.status = "failed"
+        raise HostFailedError(problem, run)
+    reported = cluster.node_error()
+    if reported:
+        node, error = reported
+        run.status = "timed out" if error.get("type") == "LaunchTimeoutError" else "failed"
+        text = f"host {node.host} (node {node.node_rank}): {error.get('message')}"
+        if error.get("type") == "LaunchTimeoutError":
+            raise LaunchTimeoutError(text, run)
+        raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
+    if cluster.stop_reason == "timeout":
+        run.status = "timed out"
+        raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
+                                 f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
+    run.status = "finished"
+    return run.result(0)
 
 
 def _meet(meeting_point: NodeRendezvous, plan, run: Run):

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -45,3 +50,39 @@ def run_torchrun(script, *script_args, nproc: int = 2, timeout: float = 120):
             pass
         process.wait()
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def local_sshd(tmp_path):
+    """A real sshd on 127.0.0.1 and 127.0.0.2 (two "hosts") and a free port, key-based, stopped after the test.
+    Yields the ssh options that reach it."""
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd):
+        pytest.fail("sshd is missing: .ci/run installs openssh-server")
+    os.makedirs("/run/sshd", exist_ok=True)
+    host_key, user_key = tmp_path / "host_key", tmp_path / "user_key"
+    for key in (host_key, user_key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    authorized = tmp_path / "authorized_keys"
+    shutil.copy(f"{user_key}.pub", authorized)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "sshd_config"
+    config.write_text(f"Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {host_key}\nAuthorizedKeysFile {authorized}\n"
+                      "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin "
+                      "prohibit-password\nStrictModes no\nUsePAM no\nPidFile none\n")
+    server = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as first, socket.socket() as second:
+            if first.connect_ex(("127.0.0.1", port)) == 0 and second.connect_ex(("127.0.0.2", port)) == 0:
+                break
+        time.sleep(0.05)
+    options = ["-p", str(port), "-i", str(user_key), "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}"]
+    try:
+        yield options
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=10)

@@ -1,12 +1,9 @@
 """The doctor's checks, the environment report and set_seed, on real tools where this machine has them."""
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -76,41 +73,6 @@ def test_real_mpi_sanity_run_with_a_localhost_hostfile(tmp_path):
     assert check.verdict == OK, check
     assert check.found.startswith("Open MPI: 1 host name(s) printed: " + socket.gethostname())
     assert report["MPI"].found.startswith("Open MPI at ")
-
-
-@pytest.fixture
-def local_sshd(tmp_path):
-    """A real sshd on 127.0.0.1 and a free port, key-based, stopped after the test."""
-    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not os.path.exists(sshd):
-        pytest.fail("sshd is missing: .ci/run installs openssh-server")
-    os.makedirs("/run/sshd", exist_ok=True)
-    host_key, user_key = tmp_path / "host_key", tmp_path / "user_key"
-    for key in (host_key, user_key):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    authorized = tmp_path / "authorized_keys"
-    shutil.copy(f"{user_key}.pub", authorized)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = tmp_path / "sshd_config"
-    config.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {authorized}\n"
-                      "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin "
-                      "prohibit-password\nStrictModes no\nUsePAM no\nPidFile none\n")
-    server = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as client:
-            if client.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    options = ["-p", str(port), "-i", str(user_key), "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}"]
-    try:
-        yield options
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=10)
 
 
 def test_ssh_check_against_a_real_local_sshd(local_sshd):

@@ -1,0 +1,170 @@
+"""One host's part of a launch across hosts (``notebook_launcher(..., hosts=[...])``).
+
+The launching kernel starts ``python -m notebook_launcher.agent`` on each host over SSH. The agent runs that
+host's ranks with the ordinary launcher (fork, supervision, teardown, hang diagnosis) and sends every event
+back on its stdout, which is the SSH channel, each frame signed with the run's secret (``events.sign_frame``).
+
+stdin carries: one JSON line (this node's settings and the run's secret), the pickled function and arguments
+(``payload_bytes`` of them), then control lines: ``{"master_port": p}`` for nodes other than 0 (node 0 reserves
+the port for the ranks' store and reports it first), and ``{"stop": true}``. End of stdin means stop as well,
+so a dropped connection or a killed kernel ends this host's ranks: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+
+from .events import (AGENT_EVENT, AGENT_MAGIC, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, sign_frame,
+                     write_all)
+
+
+class SignedWriter:
+    """The agent's end of the channel: one signed frame per event, from any thread."""
+
+    def __init__(self, fd: int, secret: bytes):
+        self._fd = fd
+        self._secret = secret
+        self._counter = 0
+        self._lock = threading.Lock()
+        write_all(fd, AGENT_MAGIC)
+
+    def send(self, rank: int, kind: str, data: dict, attachment: bytes = b"") -> None:
+        with self._lock:
+            self._counter += 1
+            frame = encode_frame(rank, self._counter, kind, data, attachment)
+            write_all(self._fd, sign_frame(self._secret, self._counter, frame))
+
+
+class ForwardingDisplay:
+    """The launcher's display on an agent: every event and note goes to the kernel instead of a screen."""
+
+    def __init__(self, writer: SignedWriter):
+        self._writer = writer
+
+    def show(self, event) -> None:
+        self._writer.send(event.rank, event.kind, event.data, event.attachment)
+
+    def note(self, text: str) -> None:
+        self._writer.send(-1, NOTE_EVENT, {"text": text})
+
+    def tick(self) -> None:
+        pass
+
+    def retarget(self, node_rank: int, ranks) -> None:
+        pass
+
+
+class StdinReader:
+    """Reads fd 0 with os.read and a buffer of its own. Not sys.stdin: a thread blocked in sys.stdin holds its
+    lock, and the ranks forked meanwhile would inherit it held (and hang the first time they touch stdin)."""
+
+    def __init__(self):
+        self._buffer = bytearray()
+        self._eof = False
+
+    def _fill(self) -> None:
+        chunk = os.read(0, 65536)
+        self._eof = not chunk
+        self._buffer += chunk
+
+    def read(self, size: int) -> bytes:
+        while len(self._buffer) < size and not self._eof:
+            self._fill()
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def readline(self) -> bytes:
+        while b"\n" not in self._buffer and not self._eof:
+            self._fill()
+        end = self._buffer.find(b"\n") + 1 or len(self._buffer)
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end]
+        return line
+
+
+def _watch_stdin(stdin: StdinReader) -> None:
+    """A stop request, or the end of stdin (the kernel or the connection went away): interrupt the launch, which
+    stops every rank of this host the way a kernel interrupt does."""
+    while True:
+        line = stdin.readline()
+        if not line or json.loads(line).get("stop"):
+            break
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def main() -> int:
+    channel = os.dup(1)
+    os.dup2(2, 1)  # whatever else writes to stdout (a library, a print) goes to stderr, not into the frames
+    sys.stdout = sys.stderr
+    stdin = StdinReader()
+    config = json.loads(stdin.readline())
+    secret = bytes.fromhex(config["secret"])
+    payload = stdin.read(config["payload_bytes"])
+    writer = SignedWriter(channel, secret)
+    node_rank = config["node_rank"]
+    reservation = None
+    try:
+        if node_rank == 0:
+            from .plan import PortReservation
+
+            reservation = PortReservation("0.0.0.0", config["requested_port"])
+            port = reservation.port
+            writer.send(-1, AGENT_EVENT, {"master_port": port})
+        else:
+            port = json.loads(stdin.readline())["master_port"]
+        threading.Thread(target=_watch_stdin, args=(stdin,), daemon=True, name="stop-watcher").start()
+        function, args = _load(payload)
+        code = _launch(function, args, config, port, writer, reservation)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as exc:  # noqa: BLE001 - whatever stops this host is told to the kernel
+        writer.send(-1, NODE_ERROR_EVENT, {"type": type(exc).__name__, "message": str(exc),
+                                           "traceback": traceback.format_exc()})
+        code = 1
+    finally:
+        if reservation is not None:
+            reservation.close()
+    writer.send(-1, AGENT_EVENT, {"done": code})
+    return code
+
+
+def _load(payload: bytes):
+    """The kernel's sys.path first (so functions pickled by reference import), then (function, args)."""
+    stream = io.BytesIO(payload)
+    for entry in pickle.load(stream):
+        if entry not in sys.path:
+            sys.path.append(entry)
+    return pickle.load(stream)
+
+
+def _launch(function, args, config: dict, port: int, writer: SignedWriter, reservation) -> int:
+    from .failure import LaunchTimeoutError, RankFailedError
+    from .launcher import notebook_launcher
+
+    if reservation is not None:
+        reservation.close()  # rank 0's store binds it next
+    try:
+        notebook_launcher(function, args=args, num_processes=config["num_processes"], num_nodes=config["num_nodes"],
+                          node_rank=config["node_rank"], master_addr=config["master_addr"], use_port=str(port),
+                          mixed_precision=config["mixed_precision"], device=config["device"],
+                          backend=config["backend"], timeout=config["timeout"], debug=config["debug"],
+                          memory_limit=config["memory_limit"] or None, start_method="fork",
+                          display=ForwardingDisplay(writer))
+    except RankFailedError:
+        return 1  # its events (failures, exits) are already on their way
+    except LaunchTimeoutError as exc:
+        writer.send(-1, NODE_ERROR_EVENT, {"type": "LaunchTimeoutError", "message": str(exc), "traceback": ""})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Kernel side of a launch across hosts: one SSH connection per host, each running ``notebook_launcher.agent``.
+
+Each host is one node (node rank = its position in ``hosts``). The kernel sends each agent its settings, a
+per-run secret and the function (cloudpickle), then reads the agents' signed event frames from the SSH channels
+into the same event pipeline as local ranks. A frame that is not signed with the run's secret ends the run;
+nothing from a host is decoded (let alone unpickled) before its signature is checked. The first failure on any
+host stops every host: the agents are told to stop (and their stdin closed, which stops them too), and SSH
+clients still there after ``STOP_GRACE_S`` are killed, which closes their channels and stops the remote side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import selectors
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+from .events import (AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event, SignedFrameReader,
+                     UnverifiedStream)
+
+STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
+PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs
+SSH_BASE_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ServerAliveInterval=5",
+                    "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
+SSH_FIX = ("make each host reachable by key (`ssh-keygen`, then `ssh-copy-id HOST`) and check the host name, the "
+           "port and the firewall; `notebook_launcher.doctor()` runs the same SSH check")
+
+
+class HostFailedError(RuntimeError):
+    """A host's agent could not run (SSH failed, the agent crashed, or its stream was not signed)."""
+
+    def __init__(self, message: str, run=None):
+        super().__init__(message)
+        self.run = run
+
+
+def read_hostfile(path: str) -> list[str]:
+    """One host per line (an MPI hostfile works: ``host slots=4`` takes the host); # starts a comment."""
+    hosts = []
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            words = line.split("#", 1)[0].split()
+            if words:
+                hosts.append(words[0])
+    return hosts
+
+
+class RemoteNode:
+    def __init__(self, host: str, node_rank: int, secret: bytes):
+        self.host = host
+        self.node_rank = node_rank
+        self.reader = SignedFrameReader(secret)
+        self.process: subprocess.Popen | None = None
+        self.stderr_tail: deque = deque(maxlen=20)
+        self.stderr_partial = b""
+        self.done_code: int | None = None
+        self.error: dict | None = None  # a node_error the agent sent
+        self.broken: str | None = None  # why its stream was refused
+        self.open_pipes = 0
+        self.seq: dict[int, int] = {}
+
+
+class Cluster:
+    """``run()`` starts every host's agent, carries their events to ``on_event`` and returns when all are gone."""
+
+    def __init__(self, plan, hosts: list[str], ssh_options, payload: bytes, on_event, note, python: str | None = None):
+        self.plan = plan
+        self.secret = secrets.token_bytes(32)
+        self.nodes = [RemoteNode(host, rank, self.secret) for rank, host in enumerate(hosts)]
+        self.ssh_options = list(ssh_options or [])
+        self.payload = payload
+        self.on_event = on_event
+        self.note = note
+        self.python = python or sys.executable
+        self.stop_reason: str | None = None
+        self._stop_at: float | None = None
+        self._kill_at: float | None = None
+        self._selector = selectors.DefaultSelector()
+        self._finished_ranks: set[int] = set()
+        self._reported: set[int] = set()
+
+    # -- start -------------------------------------------------------------------------------------------------
+    def ssh_command(self, node: RemoteNode) -> list[str]:
+        remote = shlex.join([self.python, "-m", "notebook_launcher.agent"])
+        return ["ssh", *SSH_BASE_OPTIONS, *self.ssh_options, node.host, remote]
+
+    def _config(self, node: RemoteNode) -> dict:
+        plan = self.plan
+        return {"secret": self.secret.hex(), "payload_bytes": len(self.payload), "node_rank": node.node_rank,
+                "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
+                "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
+                "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
+                "memory_limit": plan.memory_limit}
+
+    def _start(self, node: RemoteNode) -> None:
+        node.process = subprocess.Popen(self.ssh_command(node), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+        for pipe, channel in ((node.process.stdout, "events"), (node.process.stderr, "stderr")):
+            os.set_blocking(pipe.fileno(), False)
+            self._selector.register(pipe, selectors.EVENT_READ, (node, channel))
+            node.open_pipes += 1
+        self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
+
+    @staticmethod
+    def _send(node: RemoteNode, data: bytes) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a host that is gone is noticed on its pipes
+            node.process.stdin.write(data)
+            node.process.stdin.flush()
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def run(self, timeout: float | None) -> None:
+        from .supervisor import _DeferredInterrupt
+
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        self._selector.register(wake_read, selectors.EVENT_READ, (None, "wake"))
+        deadline = None if timeout is None else time.monotonic() + timeout + STOP_GRACE_S
+        try:
+            with _DeferredInterrupt(wake_write) as interrupt:
+                for node in self.nodes:
+                    self._start(node)
+                while any(node.open_pipes or node.process.poll() is None for node in self.nodes):
+                    if interrupt.count and self.stop_reason is None:
+                        self.stop("interrupted")
+                    now = time.monotonic()
+                    if deadline is not None and now > deadline and self.stop_reason is None:
+                        self.stop("timeout")
+                    if self._stop_at is not None and now >= self._stop_at and self.stop_reason is None:
+                        self.stop("failure")
+                    if self._kill_at is not None and now >= self._kill_at:
+                        self._kill_all()
+                    self._step(0.1)
+        finally:
+            self._kill_all()
+            for node in self.nodes:
+                if node.process is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        node.process.wait(timeout=5)
+            self._selector.close()
+            os.close(wake_read)
+            os.close(wake_write)
+
+    def _step(self, wait_s: float) -> None:
+        for key, _ in self._selector.select(wait_s):
+            node, channel = key.data
+            if channel == "wake":
+                with contextlib.suppress(BlockingIOError):
+                    os.read(key.fd, 512)
+                continue
+            try:
+                chunk = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self._selector.unregister(key.fileobj)
+                node.open_pipes -= 1
+                if channel == "events":
+                    self._host_gone(node)
+                continue
+            if channel == "stderr":
+                self._stderr(node, chunk)
+            else:
+                self._frames(node, chunk)
+
+    def _stderr(self, node: RemoteNode, chunk: bytes) -> None:
+        *lines, node.stderr_partial = (node.stderr_partial + chunk).split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", "replace").rstrip()
+            if text:
+                node.stderr_tail.append(text)
+                self.note(f"{node.host}: {text}")
+
+    def _frames(self, node: RemoteNode, chunk: bytes) -> None:
+        if node.broken:
+            return
+        try:
+            frames = node.reader.feed(chunk)
+        except UnverifiedStream as exc:
+            node.broken = str(exc)
+            self.note(f"{node.host}: refused its event stream ({exc}); stopping every host")
+            self.stop("failure")
+            return
+        for header, attachment in frames:
+            self._handle(node, header, attachment)
+
+    def _handle(self, node: RemoteNode, header: dict, attachment: bytes) -> None:
+        kind, data, rank = header.get("kind"), dict(header.get("data") or {}), int(header.get("rank", -1))
+        if kind == AGENT_EVENT:
+            if "master_port" in data:
+                line = json.dumps({"master_port": int(data["master_port"])}).encode() + b"\n"
+                for other in self.nodes[1:]:
+                    self._send(other, line)
+            if "done" in data:
+                node.done_code = int(data["done"])
+            return
+        if kind == NOTE_EVENT:
+            self.note(f"{node.host}: {data.get('text', '')}")
+            return
+        if kind == NODE_ERROR_EVENT:
+            node.error = data
+            self.stop_soon()
+            return
+        first = node.node_rank * self.plan.num_processes
+        if not first <= rank < first + self.plan.num_processes:
+            node.broken = f"an event for rank {rank}, which is not one of this host's ranks"
+            self.note(f"{node.host}: refused its event stream ({node.broken}); stopping every host")
+            self.stop("failure")
+            return
+        if kind == STATUS and data.get("state") == "starting":
+            data["host"] = node.host  # remote ranks show beside local ones with their host
+        node.seq[rank] = node.seq.get(rank, 0) + 1
+        event = Event(rank=rank, seq=node.seq[rank], time=time.monotonic(), kind=kind, data=data,
+                      attachment=attachment)
+        self.on_event(event)
+        if kind == STATUS and data.get("state") == "finished":
+            self._finished_ranks.add(rank)
+        if kind == FAILURE or (kind == EXIT and data.get("exit_code") != 0 and rank not in self._reported
+                               and not data.get("stopped_by_launcher")):
+            self._reported.add(rank)
+            self.stop_soon()
+
+    def _host_gone(self, node: RemoteNode) -> None:
+        """A host's channel closed. Normal after it said it was done; otherwise the host dropped out."""
+        if node.done_code is None and self.stop_reason is None:
+            self.note(f"{node.host}: the connection ended before its ranks finished")
+            self.stop("failure")
+
+    # -- stopping ----------------------------------------------------------------------------------------------
+    def stop_soon(self) -> None:
+        """A failure: the other hosts get a moment to report theirs (the root cause may be elsewhere)."""
+        if self._stop_at is None:
+            self._stop_at = time.monotonic() + PEER_REPORT_GRACE_S
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        for node in self.nodes:
+            if node.process is not None and node.done_code is None:
+                self._send(node, b'{"stop": true}\n')
+            with contextlib.suppress(OSError, ValueError):
+                node.process.stdin.close()
+        self._kill_at = time.monotonic() + STOP_GRACE_S
+
+    def _kill_all(self) -> None:
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGKILL)
+
+    # -- after -------------------------------------------------------------------------------------------------
+    def host_problem(self) -> str | None:
+        """Why a host could not take part, if one could not (SSH, a crashed agent, a refused stream)."""
+        for node in self.nodes:
+            code = node.process.returncode if node.process is not None else None
+            if node.broken:
+                return f"host {node.host}: its event stream was refused: {node.broken}."
+            if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure"):
+                tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
+                return (f"host {node.host} (node {node.node_rank}) could not run its ranks: "
+                        f"`{shlex.join(self.ssh_command(node))}` exited with code {code}. Its last lines:\n{tail}\n"
+                        f"Fix: {SSH_FIX}; and check that {self.python} exists there with notebook_launcher "
+                        f"installed.")
+        return None
+
+    def node_error(self) -> tuple[RemoteNode, dict] | None:
+        for node in self.nodes:
+            if node.error:
+                return node, node.error
+        return None
+
+
+def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options) -> list[str]:
+    """The hosts to start ranks on ([] for a launch on this machine only), checked before anything starts."""
+    from .plan import LaunchArgumentError
+
+    if hosts is not None and hostfile is not None:
+        raise LaunchArgumentError("give hosts=[...] or hostfile=..., not both")
+    if hostfile is not None:
+        if not os.path.isfile(str(hostfile)):
+            raise LaunchArgumentError(f"hostfile={hostfile!r} is not a file: give a file with one host per line")
+        hosts = read_hostfile(str(hostfile))
+        if not hosts:
+            raise LaunchArgumentError(f"hostfile={hostfile!r} lists no host: one host name or address per line")
+    if hosts is None:
+        if ssh_options is not None:
+            raise LaunchArgumentError("ssh_options is only used with hosts=[...] or hostfile=...")
+        return []
+    if isinstance(hosts, str) or not all(isinstance(host, str) and host.strip() for host in hosts) or not hosts:
+        raise LaunchArgumentError(f"hosts must be a list of host names or addresses, got {hosts!r}")
+    hosts = [host.strip() for host in hosts]
+    if len(set(hosts)) != len(hosts):
+        raise LaunchArgumentError(f"hosts lists a host twice ({hosts}): one entry per host, each runs "
+                                  f"num_processes ranks")
+    if num_nodes not in (1, len(hosts)) or node_rank != 0:
+        raise LaunchArgumentError(f"with hosts=[...] every host is a node, numbered in the order given: leave "
+                                  f"num_nodes and node_rank out (got num_nodes={num_nodes}, node_rank={node_rank})")
+    if ssh_options is not None and (isinstance(ssh_options, str) or
+                                    not all(isinstance(option, str) for option in ssh_options)):
+        raise LaunchArgumentError(f"ssh_options must be a list of ssh arguments such as ['-p', '2222', '-i', "
+                                  f"'~/.ssh/id_ed25519'], got {ssh_options!r}")
+    return hosts

@@ -1,0 +1,203 @@
+"""One notebook drives two hosts: 127.0.0.1 and 127.0.0.2, reached through a real sshd the test starts.
+
+Each host runs ``notebook_launcher.agent`` over SSH; the ranks of both make one process group, and everything
+they say comes back to the launching process, signed with the run's secret.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import psutil
+import pytest
+
+from notebook_launcher import LaunchArgumentError, RankFailedError, last_run, notebook_launcher
+from notebook_launcher.cluster import HostFailedError
+from notebook_launcher.events import AGENT_MAGIC, STATUS, SignedFrameReader, UnverifiedStream, encode_frame, sign_frame
+
+HOSTS = ["127.0.0.1", "127.0.0.2"]
+
+
+def everyone(pid_dir):
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as out:
+        out.write(str(os.getpid()))
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total)
+    print(f"rank {rank} of {dist.get_world_size()} on {socket.gethostname()}: sum {total.item()}")
+    return rank, dist.get_world_size(), total.item()
+
+
+def one_rank_is_killed(pid_dir):
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as out:
+        out.write(str(os.getpid()))
+    dist.all_reduce(torch.ones(1))
+    print(f"rank {rank} is up", flush=True)
+    if rank == 3:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))  # the others wait here for rank 3, which never comes
+    time.sleep(60)
+
+
+def _pids(pid_dir) -> list[int]:
+    return [int(path.read_text()) for path in sorted(pid_dir.iterdir())]
+
+
+def _agents() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "notebook_launcher.agent" in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def _all_gone(pids, timeout=10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids) \
+                and not _agents():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_two_hosts_over_ssh_make_one_group_and_every_line_comes_back(local_sshd, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    result = notebook_launcher(everyone, args=(str(pid_dir),), num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
+                               device="cpu", timeout=120, display="text")
+    assert result == (0, 4, 6.0)
+    run = last_run()
+    assert run.status == "finished" and sorted(run.exit_codes) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert any(re.fullmatch(rf"rank {rank} of 4 on .*: sum 6.0", line) for line in run.output(rank)), run.output()
+    hosts = {event.rank: event.data.get("host") for event in run.events
+             if event.kind == STATUS and event.data.get("state") == "starting"}
+    assert hosts == {0: "127.0.0.1", 1: "127.0.0.1", 2: "127.0.0.2", 3: "127.0.0.2"}
+    assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
+
+
+def test_the_panel_shows_remote_ranks_with_their_host(local_sshd, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    notebook_launcher(everyone, args=(str(pid_dir),), num_processes=1, hosts=HOSTS, ssh_options=local_sshd,
+                      device="cpu", timeout=120, display="panel")
+    state = last_run().panel_state
+    assert [(rank["rank"], rank["host"], rank["status"]) for rank in state["ranks"]] == [
+        (0, "127.0.0.1", "finished"), (1, "127.0.0.2", "finished")]
+    assert state["ranks"][1]["lines"][-1]["text"].startswith("rank 1 of 2 on ")
+
+
+def test_a_rank_killed_on_one_host_ends_the_run_on_every_host(local_sshd, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as caught:
+        notebook_launcher(one_rank_is_killed, args=(str(pid_dir),), num_processes=2, hosts=HOSTS,
+                          ssh_options=local_sshd, device="cpu", timeout=120, display="text")
+    assert time.monotonic() - started < 60  # not the 120 s timeout
+    assert caught.value.rank == 3 and "SIGKILL" in caught.value.failure.type
+    assert str(caught.value).startswith("Rank 3 failed first: killed by SIGKILL")
+    assert _all_gone(_pids(pid_dir)), "ranks or agents left behind on a host"
+
+
+def test_an_unreachable_host_is_named_with_what_ssh_said_and_the_fix(local_sshd):
+    options = [option if option != local_sshd[1] else "1" for option in local_sshd]  # port 1: nobody there
+    with pytest.raises(HostFailedError) as caught:
+        notebook_launcher(everyone, args=("/nonexistent",), num_processes=1, hosts=HOSTS, ssh_options=options,
+                          device="cpu", timeout=60, display="text")
+    message = str(caught.value)
+    assert message.startswith("host 127.0.0.1 (node 0) could not run its ranks: `ssh ")
+    assert "Connection refused" in message and "ssh-copy-id" in message
+    assert not _agents()
+
+
+def test_frames_not_signed_with_the_run_secret_are_refused_before_anything_is_decoded():
+    secret, other = b"k" * 32, b"x" * 32
+    frame = encode_frame(0, 1, "result", {"type": "int"}, b"\x80\x04K\x07.")
+    reader = SignedFrameReader(secret)
+    assert reader.feed(b"a login banner\n" + AGENT_MAGIC + sign_frame(secret, 1, frame)) == [
+        ({"v": 1, "rank": 0, "seq": 1, "time": pytest.approx(time.monotonic(), abs=60), "kind": "result",
+          "data": {"type": "int"}}, b"\x80\x04K\x07.")]
+    with pytest.raises(UnverifiedStream, match="frame 2 is not signed"):
+        reader.feed(sign_frame(other, 2, frame))
+    replayed = SignedFrameReader(secret)
+    replayed.feed(AGENT_MAGIC + sign_frame(secret, 1, frame))
+    with pytest.raises(UnverifiedStream):
+        replayed.feed(sign_frame(secret, 1, frame))  # the same frame again: out of order
+
+
+def test_hosts_arguments_are_checked_before_anything_starts(tmp_path):
+    def work():
+        return 1
+
+    with pytest.raises(LaunchArgumentError, match="not both"):
+        notebook_launcher(work, hosts=HOSTS, hostfile=str(tmp_path / "x"))
+    with pytest.raises(LaunchArgumentError, match="lists a host twice"):
+        notebook_launcher(work, hosts=["a", "a"])
+    with pytest.raises(LaunchArgumentError, match="leave num_nodes and node_rank out"):
+        notebook_launcher(work, hosts=HOSTS, node_rank=1, num_nodes=2)
+    with pytest.raises(LaunchArgumentError, match="ssh_options is only used with hosts"):
+        notebook_launcher(work, ssh_options=["-p", "22"])
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the cluster\nnode-a slots=4\n\nnode-b  # second\n")
+    from notebook_launcher.cluster import read_hostfile
+    assert read_hostfile(str(hostfile)) == ["node-a", "node-b"]
+
+
+INTERRUPTED = """
+import sys, time, os
+from notebook_launcher import notebook_launcher
+
+def sleeper(pid_dir):
+    import torch.distributed as dist
+    with open(os.path.join(pid_dir, f"rank{dist.get_rank()}.pid"), "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(120)
+
+try:
+    notebook_launcher(sleeper, args=(sys.argv[1],), num_processes=1, hosts=["127.0.0.1", "127.0.0.2"],
+                      ssh_options=sys.argv[2:], device="cpu", display="text")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_an_interrupt_in_the_launching_process_stops_every_host(local_sshd, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    script = tmp_path / "launch.py"
+    script.write_text(INTERRUPTED)
+    launcher = subprocess.Popen([sys.executable, str(script), str(pid_dir), *local_sshd], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = _pids(pid_dir)
+        assert len(pids) == 2, launcher.stdout.read() if launcher.poll() is not None else "ranks never started"
+        launcher.send_signal(signal.SIGINT)
+        output = launcher.communicate(timeout=30)[0]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert "interrupted" in output, output
+    assert _all_gone(pids), "ranks or agents left behind after the interrupt"
