@@ -263,11 +263,16 @@ class Cluster:
             if node.broken:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
             if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure"):
+                from .doctor import check_ssh
+
                 tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
+                check = check_ssh(node.host, self.ssh_options)  # the doctor's check says whether SSH itself works
+                verdict = (f"The doctor's SSH check: {check.verdict}, {check.found}" +
+                           (f"; fix: {check.fix}" if check.fix and check.verdict != "ok" else ""))
                 return (f"host {node.host} (node {node.node_rank}) could not run its ranks: "
                         f"`{shlex.join(self.ssh_command(node))}` exited with code {code}. Its last lines:\n{tail}\n"
-                        f"Fix: {SSH_FIX}; and check that {self.python} exists there with notebook_launcher "
-                        f"installed.")
+                        f"{verdict}.\nFix: {SSH_FIX}; and check that {self.python} exists there with "
+                        f"notebook_launcher installed.")
         return None
 
     def node_error(self) -> tuple[RemoteNode, dict] | None:

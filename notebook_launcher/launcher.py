@@ -150,6 +150,12 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
 
         notebook_launcher(train, args=(0.5,), num_processes=2)   # → 1.0
 
+    Several hosts from one notebook: ``hosts=["node-a", "node-b"]`` (or ``hostfile=``, one host per line) starts
+    ``num_processes`` ranks on each host over SSH (``ssh_options``, e.g. ``["-p", "2222", "-i", key]``; the
+    same Python path must exist on every host with notebook_launcher installed), ships the function with
+    cloudpickle, and brings every rank's events back into this cell, signed with a secret made for the run. A
+    failure or an interrupt on any host stops every host.
+
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
     global _last_run

@@ -123,6 +123,7 @@ def test_an_unreachable_host_is_named_with_what_ssh_said_and_the_fix(local_sshd)
     message = str(caught.value)
     assert message.startswith("host 127.0.0.1 (node 0) could not run its ranks: `ssh ")
     assert "Connection refused" in message and "ssh-copy-id" in message
+    assert "The doctor's SSH check: problem, " in message
     assert not _agents()
 
 
