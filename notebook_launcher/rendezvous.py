@@ -10,6 +10,7 @@ node_rank * num_processes + local_rank.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import ipaddress
 import socket
 from datetime import timedelta
@@ -71,7 +72,8 @@ class NodeRendezvous:
         stop_heartbeats = getattr(self._handler, "_stop_heartbeats", None)
         if stop_heartbeats is not None:
             stop_heartbeats()
-        self._handler = None
+        self._handler = self._params = None
+        gc.collect()  # the store sits in reference cycles: free it here, where its server thread lives
 
 
 def advertised_address(endpoint: str) -> str:
