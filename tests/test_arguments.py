@@ -42,7 +42,7 @@ def no_process_may_start():
     ({"num_processes": 2, "monitor_interval": 0}, LaunchArgumentError, ["monitor_interval=0"]),
     ({"num_processes": 2, "rdzv_endpoint": "nohostport"}, LaunchArgumentError, ["rdzv_endpoint='nohostport'"]),
     ({"num_processes": 2, "rdzv_conf": "x"}, TypeError, ["rdzv_conf must be a dict"]),
-    ({"num_processes": 2, "num_nodes": 2, "rdzv_backend": "c10d"}, LaunchArgumentError, ["rdzv_backend='c10d'"]),
+    ({"num_processes": 2, "num_nodes": 2, "rdzv_backend": "etcd"}, LaunchArgumentError, ["rdzv_backend='etcd'", "c10d"]),
 ])
 def test_bad_argument_names_the_parameter(kwargs, error, words):
     with pytest.raises(error) as caught:

@@ -32,6 +32,9 @@ interface IRankView {
   keys: Map<string, string>;
 }
 
+/** How long after its last update a running run's clock keeps moving (the kernel sends one every 30 s). */
+const CLOCK_LIMIT_S = 45;
+
 /** Pixels from the bottom that still count as "at the bottom". */
 const PIN_SLACK = 8;
 
@@ -60,12 +63,46 @@ export class RunView {
   /** Stop observing (the renderer is disposed). */
   dispose(): void {
     this.resizes?.disconnect();
+    this.stopClock();
+  }
+
+  private clock: ReturnType<typeof setInterval> | null = null;
+
+  /**
+   * While a run goes on, the elapsed time moves here, from the last update's value: the kernel sends an update
+   * only when something changed (and every IDLE_UPDATE_S), not once a second. A run whose kernel went away
+   * (a notebook saved mid-run and reopened) stops moving CLOCK_LIMIT_S after its last update.
+   */
+  private startClock(run: IRun): void {
+    this.stopClock();
+    if ((run.status !== 'running' && run.status !== 'starting') || typeof run.elapsed !== 'number') {
+      return;
+    }
+    const base = run.elapsed;
+    const received = Date.now();
+    this.clock = setInterval(() => {
+      const since = (Date.now() - received) / 1000;
+      const field = this.header.querySelector<HTMLElement>('[data-field="elapsed"]');
+      if (since > CLOCK_LIMIT_S || !field) {
+        this.stopClock();
+        return;
+      }
+      field.textContent = formatElapsed(base + since);
+    }, 1000);
+  }
+
+  private stopClock(): void {
+    if (this.clock !== null) {
+      clearInterval(this.clock);
+      this.clock = null;
+    }
   }
 
   /** Render a new state of the run, touching only what changed. */
   update(run: IRun): void {
     setData(this.node, { status: run.status || 'unknown', runId: run.run_id, attempt: run.attempt });
     this.section(this.header, 'header', headerKey(run), () => renderHeader(run));
+    this.startClock(run);
     const failure = run.failure || null;
     this.section(this.failure, 'failure', JSON.stringify(failure), () => renderFailure(failure));
     setData(this.failure, { kind: failure?.kind, rank: failure?.rank });

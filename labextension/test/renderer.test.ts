@@ -1,5 +1,5 @@
 import { Widget } from '@lumino/widgets';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 
 import { RunRenderer, RunView } from '../src/renderer';
 import { MIME_TYPE } from '../src/schema';
@@ -175,6 +175,25 @@ describe('RunView', () => {
       ['0', 'stack of 0'],
       ['1', 'stack of 1']
     ]);
+  });
+
+  it('moves the elapsed clock of a running run between updates, for a bounded time', () => {
+    vi.useFakeTimers();
+    try {
+      const view = render(run({ status: 'running', elapsed: 5 }));
+      const elapsed = () => view.node.querySelector('[data-field="elapsed"]')?.textContent;
+      expect(elapsed()).toBe('5.0 s');
+      vi.advanceTimersByTime(3000);
+      expect(elapsed()).toBe('8.0 s');
+      vi.advanceTimersByTime(60_000); // no update for a long while: the kernel may be gone, the clock stops
+      expect(elapsed()).toBe('50.0 s');
+      view.update(run({ status: 'finished', elapsed: 70 }));
+      vi.advanceTimersByTime(5000);
+      expect(elapsed()).toBe('1 min 10 s');
+      view.dispose();
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it('leaves empty sections out of the DOM', () => {

@@ -2,8 +2,9 @@
 
 The output carries the state payload for the JupyterLab extension plus ``text/html`` and ``text/plain``
 fallbacks (``fallback.py``), and is updated in place through its display id at most ``MAX_UPDATES_PER_S`` times a
-second (and once a second while nothing happens, so the elapsed time moves). The last update, made when the run
-ends, is what the saved notebook keeps.
+second, and every ``IDLE_UPDATE_S`` while nothing happens (the extension moves the elapsed clock itself in
+between, so a quiet run sends next to nothing). The last update, made when the run ends, is what the saved
+notebook keeps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .fallback import render_html, render_text
 from .state import MIME_TYPE, RunState
 
 MAX_UPDATES_PER_S = 4
-IDLE_UPDATE_S = 1.0
+IDLE_UPDATE_S = 30.0  # the panel moves its clock itself; this says "still alive" when nothing else happens
 DISPLAY_ENV_VAR = "NOTEBOOK_LAUNCHER_DISPLAY"
 DISPLAYS = ("auto", "panel", "text")
 
