@@ -2,12 +2,13 @@
 
 The launching kernel starts ``python -m notebook_launcher.agent`` on each host over SSH. The agent runs that
 host's ranks with the ordinary launcher (fork, supervision, teardown, hang diagnosis) and sends every event
-back on its stdout, which is the SSH channel, each frame signed with the run's secret (``events.sign_frame``).
+back on its stdout, which is the SSH channel, each frame signed (``events.sign_frame``).
 
 stdin carries: one JSON line (this node's settings and the run's secret), the pickled function and arguments
-(``payload_bytes`` of them), then control lines: ``{"master_port": p}`` for nodes other than 0 (node 0 reserves
-the port for the ranks' store and reports it first), and ``{"stop": true}``. End of stdin means stop as well,
-so a dropped connection or a killed kernel ends this host's ranks: nothing is left behind.
+(``payload_bytes`` of them), then control lines: ``{"master_addr": a, "master_port": p}`` for nodes other than
+0 (node 0 reserves the port for the ranks' store, on the address the kernel reached it on, and reports both
+first), and ``{"stop": true}``. End of stdin means stop as well, so a dropped connection or a killed kernel ends
+this host's ranks: nothing is left behind. Each host signs with its own key, derived from the secret.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import threading
 import traceback
 
-from .events import (AGENT_EVENT, AGENT_MAGIC, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, sign_frame,
+from .events import (AGENT_EVENT, AGENT_MAGIC, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, node_key, sign_frame,
                      write_all)
 
 
@@ -104,25 +105,28 @@ def main() -> int:
     channel = os.dup(1)
     os.dup2(2, 1)  # whatever else writes to stdout (a library, a print) goes to stderr, not into the frames
     sys.stdout = sys.stderr
+    os.register_at_fork(after_in_child=lambda: _close_quietly(channel))  # ranks must not hold the channel open
     stdin = StdinReader()
     config = json.loads(stdin.readline())
-    secret = bytes.fromhex(config["secret"])
-    payload = stdin.read(config["payload_bytes"])
-    writer = SignedWriter(channel, secret)
     node_rank = config["node_rank"]
+    payload = stdin.read(config["payload_bytes"])
+    writer = SignedWriter(channel, node_key(bytes.fromhex(config["secret"]), node_rank))
     reservation = None
     try:
         if node_rank == 0:
             from .plan import PortReservation
 
             reservation = PortReservation("0.0.0.0", config["requested_port"])
-            port = reservation.port
-            writer.send(-1, AGENT_EVENT, {"master_port": port})
+            master = {"master_addr": _address_seen_by_the_kernel(), "master_port": reservation.port}
+            writer.send(-1, AGENT_EVENT, master)
         else:
-            port = json.loads(stdin.readline())["master_port"]
+            line = stdin.readline()  # where node 0's ranks serve the store; a stop or EOF first: the run ended
+            master = json.loads(line) if line else {}
+            if "master_port" not in master:
+                raise KeyboardInterrupt
         threading.Thread(target=_watch_stdin, args=(stdin,), daemon=True, name="stop-watcher").start()
         function, args = _load(payload)
-        code = _launch(function, args, config, port, writer, reservation)
+        code = _launch(function, args, config, master, writer, reservation)
     except KeyboardInterrupt:
         code = 130
     except BaseException as exc:  # noqa: BLE001 - whatever stops this host is told to the kernel
@@ -136,6 +140,22 @@ def main() -> int:
     return code
 
 
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _address_seen_by_the_kernel() -> str:
+    """The address the kernel's SSH connection reached this host on (``$SSH_CONNECTION``): an address, not an
+    SSH alias or user@host, and one the network routes to; else this host's name."""
+    import socket
+
+    fields = os.environ.get("SSH_CONNECTION", "").split()
+    return fields[2] if len(fields) == 4 else socket.getfqdn()
+
+
 def _load(payload: bytes):
     """The kernel's sys.path first (so functions pickled by reference import), then (function, args)."""
     stream = io.BytesIO(payload)
@@ -145,7 +165,7 @@ def _load(payload: bytes):
     return pickle.load(stream)
 
 
-def _launch(function, args, config: dict, port: int, writer: SignedWriter, reservation) -> int:
+def _launch(function, args, config: dict, master: dict, writer: SignedWriter, reservation) -> int:
     from .failure import LaunchTimeoutError, RankFailedError
     from .launcher import notebook_launcher
 
@@ -153,7 +173,8 @@ def _launch(function, args, config: dict, port: int, writer: SignedWriter, reser
         reservation.close()  # rank 0's store binds it next
     try:
         notebook_launcher(function, args=args, num_processes=config["num_processes"], num_nodes=config["num_nodes"],
-                          node_rank=config["node_rank"], master_addr=config["master_addr"], use_port=str(port),
+                          node_rank=config["node_rank"], master_addr=master["master_addr"],
+                          use_port=str(master["master_port"]),
                           mixed_precision=config["mixed_precision"], device=config["device"],
                           backend=config["backend"], timeout=config["timeout"], debug=config["debug"],
                           memory_limit=config["memory_limit"] or None, start_method="fork",

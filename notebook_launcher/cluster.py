@@ -23,10 +23,11 @@ import time
 from collections import deque
 
 from .events import (AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event, SignedFrameReader,
-                     UnverifiedStream)
+                     UnverifiedStream, node_key)
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
 PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs
+EOF_GRACE_S = 2.0  # after a host's ssh exited (or its agent said it was done), how long its pipes may stay open
 SSH_BASE_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ServerAliveInterval=5",
                     "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
 SSH_FIX = ("make each host reachable by key (`ssh-keygen`, then `ssh-copy-id HOST`) and check the host name, the "
@@ -56,8 +57,12 @@ class RemoteNode:
     def __init__(self, host: str, node_rank: int, secret: bytes):
         self.host = host
         self.node_rank = node_rank
-        self.reader = SignedFrameReader(secret)
+        self.reader = SignedFrameReader(node_key(secret, node_rank))
         self.process: subprocess.Popen | None = None
+        self.outbox = bytearray()  # what is still to be written to its stdin (never a blocking write)
+        self.close_stdin = False  # close stdin once the outbox is written (a stop)
+        self.ended_at: float | None = None  # when its ssh exited or its agent said it was done
+        self.killed = False  # killed by us, after a stop
         self.stderr_tail: deque = deque(maxlen=20)
         self.stderr_partial = b""
         self.done_code: int | None = None
@@ -70,7 +75,8 @@ class RemoteNode:
 class Cluster:
     """``run()`` starts every host's agent, carries their events to ``on_event`` and returns when all are gone."""
 
-    def __init__(self, plan, hosts: list[str], ssh_options, payload: bytes, on_event, note, python: str | None = None):
+    def __init__(self, plan, hosts: list[str], ssh_options, payload: bytes, on_event, note, on_tick=None,
+                 python: str | None = None):
         self.plan = plan
         self.secret = secrets.token_bytes(32)
         self.nodes = [RemoteNode(host, rank, self.secret) for rank, host in enumerate(hosts)]
@@ -78,6 +84,7 @@ class Cluster:
         self.payload = payload
         self.on_event = on_event
         self.note = note
+        self.on_tick = on_tick or (lambda: None)
         self.python = python or sys.executable
         self.stop_reason: str | None = None
         self._stop_at: float | None = None
@@ -106,13 +113,31 @@ class Cluster:
             os.set_blocking(pipe.fileno(), False)
             self._selector.register(pipe, selectors.EVENT_READ, (node, channel))
             node.open_pipes += 1
+        os.set_blocking(node.process.stdin.fileno(), False)
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
-    @staticmethod
-    def _send(node: RemoteNode, data: bytes) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a host that is gone is noticed on its pipes
-            node.process.stdin.write(data)
-            node.process.stdin.flush()
+    def _send(self, node: RemoteNode, data: bytes) -> None:
+        """Queue bytes for a host's stdin; the loop writes them when the pipe takes them (a host that does not
+        read never blocks the kernel)."""
+        if node.process is None or node.process.stdin.closed:
+            return
+        if not node.outbox:
+            self._selector.register(node.process.stdin, selectors.EVENT_WRITE, (node, "stdin"))
+        node.outbox += data
+
+    def _write(self, node: RemoteNode) -> None:
+        stdin = node.process.stdin
+        try:
+            written = os.write(stdin.fileno(), node.outbox[:65536])
+            del node.outbox[:written]
+        except BlockingIOError:
+            return
+        except OSError:  # the host went away: it is noticed on its other pipes
+            node.outbox.clear()
+        if not node.outbox:
+            self._selector.unregister(stdin)
+            if node.close_stdin:
+                stdin.close()
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, timeout: float | None) -> None:
@@ -130,6 +155,7 @@ class Cluster:
                     if interrupt.count and self.stop_reason is None:
                         self.stop("interrupted")
                     now = time.monotonic()
+                    self._finish_ended_hosts(now)
                     if deadline is not None and now > deadline and self.stop_reason is None:
                         self.stop("timeout")
                     if self._stop_at is not None and now >= self._stop_at and self.stop_reason is None:
@@ -137,15 +163,34 @@ class Cluster:
                     if self._kill_at is not None and now >= self._kill_at:
                         self._kill_all()
                     self._step(0.1)
+                    self.on_tick()
         finally:
             self._kill_all()
             for node in self.nodes:
                 if node.process is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         node.process.wait(timeout=5)
+                    for pipe in (node.process.stdin, node.process.stdout, node.process.stderr):
+                        with contextlib.suppress(OSError, ValueError):
+                            pipe.close()
             self._selector.close()
             os.close(wake_read)
             os.close(wake_write)
+
+    def _finish_ended_hosts(self, now: float) -> None:
+        """A host whose ssh exited, or whose agent said it was done, gets EOF_GRACE_S for its pipes to close;
+        then its ssh (still held open by something on the host) is killed and its pipes are closed here."""
+        for node in self.nodes:
+            if node.ended_at is None and (node.process.poll() is not None or node.done_code is not None):
+                node.ended_at = now
+            if node.ended_at is not None and now - node.ended_at > EOF_GRACE_S and (
+                    node.open_pipes or node.process.poll() is None):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGKILL)
+                for pipe in (node.process.stdout, node.process.stderr):
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._selector.unregister(pipe)
+                node.open_pipes = 0
 
     def _step(self, wait_s: float) -> None:
         for key, _ in self._selector.select(wait_s):
@@ -153,6 +198,9 @@ class Cluster:
             if channel == "wake":
                 with contextlib.suppress(BlockingIOError):
                     os.read(key.fd, 512)
+                continue
+            if channel == "stdin":
+                self._write(node)
                 continue
             try:
                 chunk = os.read(key.fd, 65536)
@@ -193,8 +241,9 @@ class Cluster:
     def _handle(self, node: RemoteNode, header: dict, attachment: bytes) -> None:
         kind, data, rank = header.get("kind"), dict(header.get("data") or {}), int(header.get("rank", -1))
         if kind == AGENT_EVENT:
-            if "master_port" in data:
-                line = json.dumps({"master_port": int(data["master_port"])}).encode() + b"\n"
+            if "master_port" in data and node.node_rank == 0:
+                line = json.dumps({"master_addr": str(data["master_addr"]),
+                                   "master_port": int(data["master_port"])}).encode() + b"\n"
                 for other in self.nodes[1:]:
                     self._send(other, line)
             if "done" in data:
@@ -243,15 +292,19 @@ class Cluster:
             return
         self.stop_reason = reason
         for node in self.nodes:
-            if node.process is not None and node.done_code is None:
+            if node.process is None or node.process.stdin.closed:
+                continue
+            if node.done_code is None:
                 self._send(node, b'{"stop": true}\n')
-            with contextlib.suppress(OSError, ValueError):
+            node.close_stdin = True  # the end of stdin stops the agent too, once the stop line is written
+            if not node.outbox:
                 node.process.stdin.close()
         self._kill_at = time.monotonic() + STOP_GRACE_S
 
     def _kill_all(self) -> None:
         for node in self.nodes:
             if node.process is not None and node.process.poll() is None:
+                node.killed = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(node.process.pid, signal.SIGKILL)
 
@@ -262,7 +315,8 @@ class Cluster:
             code = node.process.returncode if node.process is not None else None
             if node.broken:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
-            if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure"):
+            if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure") \
+                    and not node.killed:  # its ssh ended by itself, not because we stopped the run
                 from .doctor import check_ssh
 
                 tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"

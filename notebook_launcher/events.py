@@ -211,11 +211,11 @@ class LineSplitter:
         Older redraws are dropped, so a bar that runs for hours costs one line of memory, and the line that
         finally ends with a newline is only its last state (what a terminal shows)."""
         cut = self._partial.rfind(b"\r")
-        if cut < 0:
-            return None
+        if cut < 0 or cut == len(self._partial) - 1:
+            return None  # no redraw, or a line ending in \r whose \n may come in the next read (CRLF)
         latest = self._partial[cut + 1:]
         self._partial = self._partial[cut:]
-        if not latest or latest == self._last_redraw:
+        if latest == self._last_redraw:
             return None
         self._last_redraw = latest
         return _decode_line(latest)
@@ -399,7 +399,15 @@ NODE_ERROR_EVENT = "node_error"  # data {"type", "message", "traceback"}: the la
 AGENT_MAGIC = b"NOTEBOOK-LAUNCHER-AGENT/1\n"  # what comes before the frames: anything earlier (a login banner) is skipped
 _SIGNED_HEADER = struct.Struct(">I")
 _MAC_BYTES = 32
-MAX_SIGNED_FRAME = 256 * 2**20  # a rank's pickled result can be large; a longer length is a broken stream
+MAX_SIGNED_FRAME = 2**32 - 1  # the largest length the header can say (a rank's pickled result can be GBs)
+
+
+def node_key(secret: bytes, node_rank: int) -> bytes:
+    """Each host signs with a key of its own, derived from the run's secret: a frame of one host's stream does
+    not verify in another's."""
+    import hmac
+
+    return hmac.new(secret, f"node {node_rank}".encode(), "sha256").digest()
 
 
 def sign_frame(secret: bytes, counter: int, frame: bytes) -> bytes:

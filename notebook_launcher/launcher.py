@@ -256,7 +256,9 @@ def _event_handler(run: Run, log: RunLog, current):
     """Every event of a run: kept on the Run (output lines up to a cap), written to the run log, followed by the
     attempt's FailureTracker and passed on in order (InOrderRelease) to the display."""
     def on_event(event: Event) -> None:
-        if event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
+        if event.kind == STREAM and event.data.get("redraw"):
+            pass  # a progress bar's passing state: in the run log and the panel only
+        elif event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
             run.events.append(event)
         else:
             run.events_dropped += 1  # output lines beyond the cap are in the run log only
@@ -357,7 +359,8 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
     on_event = _event_handler(run, log, current)
     display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
                  f"per host, on {plan.device} ({plan.backend})")
-    cluster = Cluster(plan, hosts, ssh_options, payload, on_event, display.note)
+    cluster = Cluster(plan, hosts, ssh_options, payload, on_event, display.note,
+                      on_tick=_both(current.in_order.release, display.tick))
     run.status = "running"
     try:
         cluster.run(plan.timeout)
@@ -375,6 +378,10 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
     if problem:
         run.status = "failed"
         raise HostFailedError(problem, run)
+    if cluster.stop_reason == "timeout":
+        run.status = "timed out"
+        raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
+                                 f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
     reported = cluster.node_error()
     if reported:
         node, error = reported
@@ -383,10 +390,6 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
         if error.get("type") == "LaunchTimeoutError":
             raise LaunchTimeoutError(text, run)
         raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
-    if cluster.stop_reason == "timeout":
-        run.status = "timed out"
-        raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
-                                 f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
     run.status = "finished"
     return run.result(0)
 

@@ -1,7 +1,7 @@
 """Several nodes meeting through torch's c10d rendezvous (``rdzv_backend="c10d"``), as torchrun does.
 
 Every node's kernel joins the rendezvous at ``rdzv_endpoint`` (the first node to arrive on the endpoint's host
-serves its store); torch assigns the node ranks (0..num_nodes-1) in the order they joined. Node 0 then reserves
+serves its store); torch's rendezvous assigns the node ranks (0..num_nodes-1). Node 0 then reserves
 a port for the workers' process-group store on an address the others can reach and publishes it in the
 rendezvous store; the other nodes read it. From there the launch is the static one: global rank =
 node_rank * num_processes + local_rank.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import gc
 import os
 import selectors
 import signal
@@ -155,11 +156,16 @@ class Supervisor:
     def _fork(self, spec: WorkerSpec, fds_to_close: list[int]) -> int:
         from .worker import run_forked
 
+        # The kernel's garbage is not the child's to collect: its finalizers may wait for threads that do not
+        # exist in the child (a c10d store server's destructor joins its thread, and would block forever).
+        # Frozen before the fork, so no collection can run in the child first; unfrozen again in the kernel.
+        gc.freeze()
         with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
             warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # child: never returns
             run_forked(spec, self.plan.function, self.plan.args, fds_to_close)
+        gc.unfreeze()
         try:
             os.setpgid(pid, pid)  # also done by the child; whoever runs first wins the race
         except OSError:

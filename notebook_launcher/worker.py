@@ -19,7 +19,6 @@ import builtins
 import copy
 import ctypes
 import faulthandler
-import gc
 import io
 import logging
 import os
@@ -112,9 +111,6 @@ def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None
     """Entry point in a forked child. Never returns."""
     exit_code = 70  # EX_SOFTWARE, if even the setup below fails
     try:
-        # The kernel's garbage is not ours to collect: its finalizers may wait for threads that do not exist
-        # in this child (a c10d store server's destructor joins its thread, and would block forever).
-        gc.freeze()
         os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
         for fd in inherited_fds_to_close:
             try:

@@ -15,7 +15,8 @@ import pytest
 
 from notebook_launcher import LaunchArgumentError, RankFailedError, last_run, notebook_launcher
 from notebook_launcher.cluster import HostFailedError
-from notebook_launcher.events import AGENT_MAGIC, STATUS, SignedFrameReader, UnverifiedStream, encode_frame, sign_frame
+from notebook_launcher.events import (AGENT_MAGIC, STATUS, SignedFrameReader, UnverifiedStream, encode_frame,
+                                     node_key, sign_frame)
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
@@ -140,6 +141,9 @@ def test_frames_not_signed_with_the_run_secret_are_refused_before_anything_is_de
     replayed.feed(AGENT_MAGIC + sign_frame(secret, 1, frame))
     with pytest.raises(UnverifiedStream):
         replayed.feed(sign_frame(secret, 1, frame))  # the same frame again: out of order
+    host_0 = SignedFrameReader(node_key(secret, 0))
+    with pytest.raises(UnverifiedStream):  # each host has its own key: host 1's frame is not host 0's
+        host_0.feed(AGENT_MAGIC + sign_frame(node_key(secret, 1), 1, frame))
 
 
 def test_hosts_arguments_are_checked_before_anything_starts(tmp_path):
@@ -202,3 +206,15 @@ def test_an_interrupt_in_the_launching_process_stops_every_host(local_sshd, tmp_
         launcher.wait()
     assert "interrupted" in output, output
     assert _all_gone(pids), "ranks or agents left behind after the interrupt"
+
+
+def test_hosts_written_as_user_at_host_still_meet_on_an_address(local_sshd, tmp_path):
+    import getpass
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    user = getpass.getuser()
+    result = notebook_launcher(everyone, args=(str(pid_dir),), num_processes=1,
+                               hosts=[f"{user}@127.0.0.1", f"{user}@127.0.0.2"], ssh_options=local_sshd,
+                               device="cpu", timeout=120, display="text")
+    assert result == (0, 2, 1.0)  # the ranks' store is on the address ssh reached, not on "user@host"

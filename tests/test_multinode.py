@@ -24,7 +24,7 @@ NODE = textwrap.dedent("""
         if rdzv == "static":
             notebook_launcher(work, num_processes=2, num_nodes=2, node_rank=node, master_addr="127.0.0.1",
                               use_port=port, device="cpu", timeout=90)
-        else:  # node ranks come from the rendezvous, in the order the nodes joined
+        else:  # node ranks come from the rendezvous
             notebook_launcher(work, num_processes=2, num_nodes=2, rdzv_backend="c10d",
                               rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="two-nodes", device="cpu", timeout=90)
         print("ranks", sorted(last_run().results.values()), flush=True)
@@ -63,7 +63,7 @@ def test_two_nodes_with_static_rendezvous_make_one_group_of_four(tmp_path):
 
 def test_two_nodes_with_c10d_rendezvous_get_their_node_ranks_from_it_and_make_one_group_of_four(tmp_path):
     outputs = _two_nodes(tmp_path, "c10d")
-    first = 0 if "ranks [(0, 4, 6.0), (1, 4, 6.0)]" in outputs[0] else 1  # whichever joined first is node 0
+    first = 0 if "ranks [(0, 4, 6.0), (1, 4, 6.0)]" in outputs[0] else 1  # whichever the rendezvous made node 0
     assert "ranks [(0, 4, 6.0), (1, 4, 6.0)]" in outputs[first], outputs
     assert "ranks [(2, 4, 6.0), (3, 4, 6.0)]" in outputs[1 - first], outputs
     assert "2 processes on node 1 of 2 (world size 4)" in outputs[1 - first]
@@ -99,3 +99,32 @@ def test_c10d_launches_can_follow_each_other_in_the_same_processes_with_the_same
     outputs = _two_nodes(tmp_path, "c10d", launches=2)
     ranks = [line for output in outputs for line in output.splitlines() if line.startswith("ranks ")]
     assert sorted(ranks) == ["ranks [(0, 4, 6.0), (1, 4, 6.0)]"] * 2 + ["ranks [(2, 4, 6.0), (3, 4, 6.0)]"] * 2
+
+
+GARBAGE_STORE = textwrap.dedent("""
+    import gc, socket
+    import torch.distributed as dist
+    from notebook_launcher import notebook_launcher
+
+    class Holder:
+        pass
+
+    probe = socket.socket(); probe.bind(("127.0.0.1", 0)); port = probe.getsockname()[1]; probe.close()
+    holder = Holder(); holder.store = dist.TCPStore("127.0.0.1", port, 1, True); holder.me = holder
+    del holder  # a store server in a reference cycle: garbage that only the cyclic collector frees
+    gc.disable()
+
+    def collect():
+        import gc
+        gc.collect()  # in a forked rank: must not run the kernel's store destructor (it joins a thread not there)
+        return "collected"
+
+    print(notebook_launcher(collect, num_processes=2, device="cpu", timeout=30, display="text"))
+""")
+
+
+def test_a_rank_never_collects_the_kernels_garbage_such_as_a_c10d_store_server(tmp_path):
+    script = tmp_path / "garbage.py"
+    script.write_text(GARBAGE_STORE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "collected", done.stdout + done.stderr

@@ -254,3 +254,17 @@ def test_updates_are_throttled_but_the_last_state_is_always_sent(monkeypatch):
     assert handle.bundles[-1][MIME_TYPE] == final and final["ranks"][1]["lines"][-1]["text"] == "line 999"
     assert set(handle.bundles[-1]) == {MIME_TYPE, "text/html", "text/plain"}
     assert html.escape("line 1000") in handle.bundles[-1]["text/html"]
+
+
+def test_long_lines_with_bars_are_cheap_to_fold_and_crlf_split_across_reads_keeps_its_line():
+    from notebook_launcher.events import LineSplitter, STREAM, Event
+
+    state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 1, 1, [0])
+    vocabulary = str({f"<|token{i}|>": i for i in range(20_000)})  # 400 KB with many "|": no regex blowup
+    state.observe(Event(rank=0, seq=1, time=time.monotonic(), kind=STREAM, data={"stream": "stdout",
+                                                                                 "text": vocabulary}))
+    assert state.ranks[0].lines[-1]["text"] == vocabulary[:2000] and state.ranks[0].progress is None
+
+    splitter = LineSplitter()
+    assert splitter.feed(b"hello world\r") == [] and splitter.redraw() is None
+    assert splitter.feed(b"\nnext\n") == ["hello world", "next"]

@@ -93,13 +93,13 @@ def render_html(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
     rows[0] = f"<b>{rows[0]}</b>"
     parts = ['<div class="nl-run-static">', f'<pre style="white-space:pre-wrap">{chr(10).join(rows)}</pre>']
     for card in state["shape_mismatches"]:
-        cells = "".join(f"<tr><td>{p['rank']}</td><td>{e(str(p['operation']))}</td><td>{e(str(p['shape']))}</td>"
+        cells = "".join(f"<tr><td>{e(str(p['rank']))}</td><td>{e(str(p['operation']))}</td><td>{e(str(p['shape']))}</td>"
                         f"<td>{e(str(p['dtype']))}</td><td>{e(str(p['call_site']))}</td></tr>"
                         for p in card["processes"])
         parts.append(f'<table><caption>shape mismatch in {e(card["operation"])}</caption><tr><th>process</th>'
                      f'<th>operation</th><th>shape</th><th>dtype</th><th>call site</th></tr>{cells}</table>')
     if state["oom_retries"]:
-        cells = "".join(f"<tr><td>{r['batch_size']} &rarr; {r['new_batch_size']}</td>"
+        cells = "".join(f"<tr><td>{e(str(r['batch_size']))} &rarr; {e(str(r['new_batch_size']))}</td>"
                         f"<td>{e(', '.join(map(str, r['ranks'])))}</td><td>{e(r['error'])}</td></tr>"
                         for r in state["oom_retries"])
         parts.append(f"<table><caption>out-of-memory retries</caption><tr><th>batch size</th><th>ranks</th>"

@@ -19,9 +19,11 @@ LINES_PER_RANK = 200
 HISTORY_POINTS = 200
 MAX_TEXT = 2000  # one line's characters in the panel (the run log keeps all of it)
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
+MAX_NOTES = 50  # the launcher's own lines (hosts' stderr lines among them) kept for the panel
 
 # tqdm's bar as it prints it: "train:  45%|####5     | 45/100 [00:01<00:01, 40.20it/s]"
-_TQDM = re.compile(r"(?:(?P<desc>.*?): *)?\d+%\|.*?\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
+_TQDM = re.compile(r"(?:(?P<desc>[^|:]{0,80}): *)?\d{1,3}%\|[^|]{0,200}\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
+_TQDM_TAIL = 400  # a bar is short: only a line's end is searched, whatever a rank prints (no backtracking blowup)
 
 
 class RankState:
@@ -83,7 +85,8 @@ class RunState:
             self.changes += 1
 
     def note(self, text: str) -> None:
-        self.notes.append(text)
+        self.notes.append(text[:MAX_TEXT])
+        del self.notes[:-MAX_NOTES]
         self.changes += 1
 
     def _rank(self, event: Event) -> RankState:
@@ -130,7 +133,7 @@ class RunState:
             self._add_line(event, event.data.get("stream", "stdout"), text)
 
     def _tqdm_progress(self, event: Event, text: str) -> bool:
-        match = _TQDM.search(text)
+        match = _TQDM.search(text[-_TQDM_TAIL:])
         if match is None:
             return False
         total = None if match["total"] == "?" else int(match["total"])
@@ -217,7 +220,7 @@ class RunState:
 
     def _on_launcher(self, event: Event) -> None:
         text = str(event.data.get("text", ""))
-        self.notes.append(text)
+        self.note(text)
         if "restarting all ranks" in text:
             self.attempt += 1
             for rank in self.ranks.values():
