@@ -63,7 +63,11 @@ class NodeRendezvous:
             store.set(MASTER_KEY, f"{address} {reservation.port}")
             return Meeting(0, address, reservation.port, reservation)
         store.set_timeout(timedelta(seconds=self.join_timeout))
-        address, port = store.get(MASTER_KEY).decode().split(" ")
+        try:
+            address, port = store.get(MASTER_KEY).decode().split(" ")
+        except (RuntimeError, TimeoutError) as exc:  # torch's DistStoreError: node 0 never said where
+            raise NodeRendezvousTimeout(f"node 0 joined the rendezvous but never published where its ranks' store "
+                                        f"is (it may have stopped): {exc}") from exc
         return Meeting(info.rank, address, int(port), None)
 
     def close(self) -> None:
