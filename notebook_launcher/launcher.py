@@ -243,13 +243,9 @@ def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
     on_event = _event_handler(run, log, current)
     meeting_point = None
     if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
-        meeting_point = NodeRendezvous(f"{plan.master_addr}:{plan.requested_port}", plan.rdzv_id, plan.num_nodes,
-                                       plan.timeout, plan.rdzv_conf)
-    try:
-        return _attempts(plan, run, display, payload_path, on_event, current, meeting_point)
-    finally:
-        if meeting_point is not None:
-            meeting_point.close()
+        meeting_point = NodeRendezvous.for_launch(f"{plan.master_addr}:{plan.requested_port}", plan.rdzv_id,
+                                                  plan.num_nodes, plan.timeout, plan.rdzv_conf)
+    return _attempts(plan, run, display, payload_path, on_event, current, meeting_point)
 
 
 def _event_handler(run: Run, log: RunLog, current):
@@ -398,6 +394,7 @@ def _meet(meeting_point: NodeRendezvous, plan, run: Run):
     try:
         return meeting_point.meet()
     except NodeRendezvousTimeout as exc:
+        meeting_point.forget()
         run.status = "timed out"
         raise LaunchTimeoutError(
             f"This node waited at the c10d rendezvous {meeting_point.endpoint} (rdzv_id={plan.rdzv_id!r}) for "

@@ -33,8 +33,24 @@ class Meeting:
     reservation: PortReservation | None  # node 0: the listening socket rank 0's store will serve on
 
 
+_kept: dict[tuple, "NodeRendezvous"] = {}  # per (endpoint, rdzv_id, nodes, options): one for the kernel's life
+
+
 class NodeRendezvous:
-    """One handler per launch; ``meet()`` once per attempt (a restart is a new round, as in torch elastic)."""
+    """The kernel's member of one rendezvous; ``meet()`` once per attempt. Kept from launch to launch: the
+    next launch (or a restart) is the next round of the same rendezvous, as a restart is in torch elastic, and
+    the store that the first kernel on the endpoint's host serves stays up for the others' later launches (if
+    it went away with its launch, a kernel that reconnected to it just before would wait on a dead store).
+    """
+
+    @classmethod
+    def for_launch(cls, endpoint: str, run_id: str, num_nodes: int, timeout: float | None,
+                   conf: dict) -> "NodeRendezvous":
+        key = (endpoint, run_id, num_nodes, timeout, tuple(sorted((str(k), str(v)) for k, v in conf.items())))
+        if key not in _kept:
+            _kept[key] = cls(endpoint, run_id, num_nodes, timeout, conf)
+            _kept[key]._key = key
+        return _kept[key]
 
     def __init__(self, endpoint: str, run_id: str, num_nodes: int, timeout: float | None, conf: dict):
         from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -70,9 +86,10 @@ class NodeRendezvous:
                                         f"is (it may have stopped): {exc}") from exc
         return Meeting(info.rank, address, int(port), None)
 
-    def close(self) -> None:
-        """Stop the heartbeats and drop the handler (and the store it may serve). The rendezvous is not marked
-        closed, so the same rdzv_id can meet again in a later launch."""
+    def forget(self) -> None:
+        """After a failed meeting: stop the heartbeats and drop the handler (and the store it may serve), so the
+        next launch starts afresh. The rendezvous is not marked closed: the same rdzv_id can meet again."""
+        _kept.pop(getattr(self, "_key", None), None)
         stop_heartbeats = getattr(self._handler, "_stop_heartbeats", None)
         if stop_heartbeats is not None:
             stop_heartbeats()

@@ -96,9 +96,9 @@ def test_a_node_that_never_arrives_at_the_c10d_rendezvous_is_a_clear_error_withi
 
 
 def test_c10d_launches_can_follow_each_other_in_the_same_processes_with_the_same_rdzv_id(tmp_path):
-    outputs = _two_nodes(tmp_path, "c10d", launches=2)
+    outputs = _two_nodes(tmp_path, "c10d", launches=3)
     ranks = [line for output in outputs for line in output.splitlines() if line.startswith("ranks ")]
-    assert sorted(ranks) == ["ranks [(0, 4, 6.0), (1, 4, 6.0)]"] * 2 + ["ranks [(2, 4, 6.0), (3, 4, 6.0)]"] * 2
+    assert sorted(ranks) == ["ranks [(0, 4, 6.0), (1, 4, 6.0)]"] * 3 + ["ranks [(2, 4, 6.0), (3, 4, 6.0)]"] * 3
 
 
 GARBAGE_STORE = textwrap.dedent("""
