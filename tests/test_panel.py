@@ -268,3 +268,34 @@ def test_long_lines_with_bars_are_cheap_to_fold_and_crlf_split_across_reads_keep
     splitter = LineSplitter()
     assert splitter.feed(b"hello world\r") == [] and splitter.redraw() is None
     assert splitter.feed(b"\nnext\n") == ["hello world", "next"]
+
+
+def test_a_large_state_is_sent_less_often(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import IPython.display
+    from notebook_launcher.display import panel as panel_module
+    from notebook_launcher.events import STREAM, Event
+
+    monkeypatch.setattr(InteractiveShell, "initialized", classmethod(lambda cls: True))
+    handle = _FakeHandle()
+    monkeypatch.setattr(IPython.display, "display", lambda bundle, raw, display_id: handle.bundles.append(bundle)
+                        or handle)
+    state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 8, 8, list(range(8)))
+    panel = PanelDisplay(state)
+    clock = [1000.0]
+    monkeypatch.setattr(panel_module.time, "monotonic", lambda: clock[0])
+    for seq in range(1, 8 * 200 + 1):  # eight full columns of long lines: a state of about 3 MB
+        panel.show(Event(rank=seq % 8, seq=seq, time=clock[0], kind=STREAM, data={"stream": "stdout",
+                                                                                  "text": "x" * 1000}))
+    clock[0] += 1.0
+    panel.show(Event(rank=0, seq=9_999, time=clock[0], kind=STREAM, data={"stream": "stdout", "text": "z"}))
+    sent = len(handle.bundles)
+    size = len(json.dumps(handle.bundles[-1]))  # the full state went out once
+    for step in range(40):  # ten seconds of lines at the usual pace
+        clock[0] += 0.25
+        panel.show(Event(rank=0, seq=10_000 + step, time=clock[0], kind=STREAM, data={"stream": "stdout",
+                                                                                      "text": "y" * 1000}))
+    updates_in_ten_seconds = len(handle.bundles) - sent
+    assert size > 2_000_000
+    assert 1 <= updates_in_ten_seconds <= 10 * panel_module.MAX_BYTES_PER_S / size + 1  # not 40

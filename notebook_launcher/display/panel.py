@@ -1,14 +1,15 @@
 """The live run panel: one output in the launching cell, updated from the events while the run goes on.
 
 The output carries the state payload for the JupyterLab extension plus ``text/html`` and ``text/plain``
-fallbacks (``fallback.py``), and is updated in place through its display id at most ``MAX_UPDATES_PER_S`` times a
-second, and every ``IDLE_UPDATE_S`` while nothing happens (the extension moves the elapsed clock itself in
-between, so a quiet run sends next to nothing). The last update, made when the run ends, is what the saved
-notebook keeps.
+fallbacks (``fallback.py``), and is updated in place through its display id: at most ``MAX_UPDATES_PER_S``
+times a second, fewer when the state is large (at most ``MAX_BYTES_PER_S`` go out), and every
+``IDLE_UPDATE_S`` while nothing happens (the extension moves the elapsed clock itself in between, so a quiet
+run sends next to nothing). The last update, made when the run ends, is what the saved notebook keeps.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -17,6 +18,7 @@ from .fallback import render_html, render_text
 from .state import MIME_TYPE, RunState
 
 MAX_UPDATES_PER_S = 4
+MAX_BYTES_PER_S = 512 * 1024  # each update re-sends the whole state: many chatty ranks update less often
 IDLE_UPDATE_S = 30.0  # the panel moves its clock itself; this says "still alive" when nothing else happens
 DISPLAY_ENV_VAR = "NOTEBOOK_LAUNCHER_DISPLAY"
 DISPLAYS = ("auto", "panel", "text")
@@ -53,6 +55,7 @@ class PanelDisplay:
         self._handle = None
         self._published_changes = -1
         self._published_at = 0.0
+        self._interval = 1.0 / MAX_UPDATES_PER_S  # grows with the size of what an update sends
         self.updates = 0  # how many times the output was sent (for tests and benchmarks)
 
     def bundle(self) -> dict:
@@ -77,7 +80,7 @@ class PanelDisplay:
         now = time.monotonic()
         since = now - self._published_at
         changed = self.state.changes != self._published_changes
-        if (changed and since >= 1.0 / MAX_UPDATES_PER_S) or since >= IDLE_UPDATE_S:
+        if (changed and since >= self._interval) or since >= IDLE_UPDATE_S:
             self.publish()
 
     def publish(self, final: bool = False) -> None:
@@ -89,6 +92,8 @@ class PanelDisplay:
                 print(render_text(self.state.to_json(), self._prefix_template), flush=True)
             return
         bundle = self.bundle()
+        size = len(json.dumps(bundle[MIME_TYPE])) + len(bundle["text/html"]) + len(bundle["text/plain"])
+        self._interval = max(1.0 / MAX_UPDATES_PER_S, size / MAX_BYTES_PER_S)
         if self._handle is None:
             self._handle = display(bundle, raw=True, display_id=True)
         else:
