@@ -44,7 +44,13 @@ class SignedWriter:
 
 
 class ForwardingDisplay:
-    """The launcher's display on an agent: every event and note goes to the kernel instead of a screen."""
+    """The launcher's display on an agent: every event and note goes to the kernel instead of a screen.
+
+    ``single_attempt``: this host does not restart its ranks itself (after an out-of-memory error in
+    find_executable_batch_size); the launching kernel restarts every host at the agreed size.
+    """
+
+    single_attempt = True
 
     def __init__(self, writer: SignedWriter):
         self._writer = writer
@@ -171,6 +177,10 @@ def _launch(function, args, config: dict, master: dict, writer: SignedWriter, re
 
     if reservation is not None:
         reservation.close()  # rank 0's store binds it next
+    if config.get("batch_sizes"):  # the sizes agreed after an out-of-memory error; the forked ranks read them
+        from .memory import BATCH_SIZES_ENV_VAR
+
+        os.environ[BATCH_SIZES_ENV_VAR] = json.dumps(config["batch_sizes"])
     try:
         notebook_launcher(function, args=args, num_processes=config["num_processes"], num_nodes=config["num_nodes"],
                           node_rank=config["node_rank"], master_addr=master["master_addr"],
@@ -188,4 +198,6 @@ def _launch(function, args, config: dict, master: dict, writer: SignedWriter, re
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stderr.flush()
+    os._exit(exit_code)  # every frame is written; skip the interpreter's teardown (~0.5 s with torch loaded)

@@ -104,7 +104,7 @@ class Cluster:
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
                 "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
-                "memory_limit": plan.memory_limit}
+                "memory_limit": plan.memory_limit, "batch_sizes": plan.batch_sizes or {}}
 
     def _start(self, node: RemoteNode) -> None:
         node.process = subprocess.Popen(self.ssh_command(node), stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -331,7 +331,9 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
             return run.result(0)
         cause = root_cause(failures)
         run.failures, run.root_cause = failures, cause
-        if cause.oom_retry:  # out of memory in find_executable_batch_size: all ranks again, at the smaller size
+        if cause.oom_retry and not getattr(display, "single_attempt", False):
+            # out of memory in find_executable_batch_size: all ranks again, at the smaller size (on an agent of a
+            # launch across hosts, the launching kernel decides that for every host)
             retry = _agreed_retry(failures)
             run.oom_retries.append(retry)
             plan = dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
@@ -349,45 +351,67 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
 
 
 def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: list[str], ssh_options):
-    """Every host's ranks through its SSH-started agent; their events join this kernel's event pipeline."""
-    run.attempts = 1
-    current = _Attempt(FailureTracker(), InOrderRelease(list(range(plan.world_size)), display.show))
+    """Every host's ranks through its SSH-started agent; their events join this kernel's event pipeline. An
+    out-of-memory step down (find_executable_batch_size) or a restart (max_restarts) starts every host again."""
+    current = _Attempt()
     on_event = _event_handler(run, log, current)
     display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
                  f"per host, on {plan.device} ({plan.backend})")
-    cluster = Cluster(plan, hosts, ssh_options, payload, on_event, display.note,
-                      on_tick=_both(current.in_order.release, display.tick))
-    run.status = "running"
-    try:
-        cluster.run(plan.timeout)
-    finally:
-        current.in_order.release(everything=True)
-    if cluster.stop_reason == "interrupted":
-        raise KeyboardInterrupt
-    failures = current.tracker.failures()
-    problem = cluster.host_problem()
-    if failures:
-        cause = root_cause(failures)
-        run.failures, run.root_cause, run.status = failures, cause, "failed"
-        message = failure_message(cause, failures, current.tracker, list(range(plan.world_size)), run.run_dir)
-        raise RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures, run)
-    if problem:
-        run.status = "failed"
-        raise HostFailedError(problem, run)
-    if cluster.stop_reason == "timeout":
-        run.status = "timed out"
-        raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
-                                 f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
-    reported = cluster.node_error()
-    if reported:
-        node, error = reported
-        run.status = "timed out" if error.get("type") == "LaunchTimeoutError" else "failed"
-        text = f"host {node.host} (node {node.node_rank}): {error.get('message')}"
-        if error.get("type") == "LaunchTimeoutError":
-            raise LaunchTimeoutError(text, run)
-        raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
-    run.status = "finished"
-    return run.result(0)
+    restarts = 0
+    while True:
+        run.attempts += 1
+        current.tracker = FailureTracker()
+        current.in_order = InOrderRelease(list(range(plan.world_size)), display.show)
+        cluster = Cluster(plan, hosts, ssh_options, payload, on_event, display.note,
+                          on_tick=_both(current.in_order.release, display.tick))
+        run.status = "running"
+        try:
+            cluster.run(plan.timeout)
+        finally:
+            current.in_order.release(everything=True)
+        if cluster.stop_reason == "interrupted":
+            raise KeyboardInterrupt
+        failures = current.tracker.failures()
+        problem = cluster.host_problem()
+        if failures:
+            cause = root_cause(failures)
+            run.failures, run.root_cause = failures, cause
+            if cause.oom_retry and not problem:  # every host again, at the smaller size
+                retry = _agreed_retry(failures)
+                run.oom_retries.append(retry)
+                plan = dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
+                                                              retry["key"]: retry["new_batch_size"]})
+                on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+                continue
+            if restarts < plan.max_restarts and not problem:
+                restarts += 1
+                on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
+                    "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting every "
+                            f"host ({restarts} of max_restarts={plan.max_restarts})"}))
+                continue
+            run.status = "failed"
+            message = failure_message(cause, failures, current.tracker, list(range(plan.world_size)), run.run_dir)
+            raise RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures, run)
+        if problem:
+            run.status = "failed"
+            raise HostFailedError(problem, run)
+        if cluster.stop_reason == "timeout":
+            run.status = "timed out"
+            raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
+                                     f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
+        reported = cluster.node_error()
+        if reported:
+            node, error = reported
+            run.status = "timed out" if error.get("type") == "LaunchTimeoutError" else "failed"
+            text = f"host {node.host} (node {node.node_rank}): {error.get('message')}"
+            if error.get("type") == "LaunchTimeoutError":
+                raise LaunchTimeoutError(text, run)
+            raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
+        run.status = "finished"
+        run.failures, run.root_cause = {}, None
+        if run.oom_retries:
+            display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
+        return run.result(0)
 
 
 def _meet(meeting_point: NodeRendezvous, plan, run: Run):

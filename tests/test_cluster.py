@@ -218,3 +218,52 @@ def test_hosts_written_as_user_at_host_still_meet_on_an_address(local_sshd, tmp_
                                hosts=[f"{user}@127.0.0.1", f"{user}@127.0.0.2"], ssh_options=local_sshd,
                                device="cpu", timeout=120, display="text")
     assert result == (0, 2, 1.0)  # the ranks' store is on the address ssh reached, not on "user@host"
+
+
+def oom_on_the_second_host():
+    import torch
+    import torch.distributed as dist
+
+    from notebook_launcher import find_executable_batch_size
+
+    rank = dist.get_rank()
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def fit(batch_size):
+        if rank == 3 and batch_size > 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        total = torch.tensor([float(batch_size)])
+        dist.all_reduce(total)  # every rank, on both hosts, at the same size
+        return total.item() / dist.get_world_size()
+
+    return fit()
+
+
+def fails_once(marker):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("a transient failure on the second host")
+    return dist.get_rank()
+
+
+def test_an_out_of_memory_error_on_one_host_restarts_every_host_at_the_smaller_size(local_sshd):
+    result = notebook_launcher(oom_on_the_second_host, num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
+                               device="cpu", timeout=120, display="panel")
+    assert result == 32.0  # the all_reduce of the agreed size: every rank ran at 32
+    run = last_run()
+    assert run.attempts == 2 and [(r["batch_size"], r["new_batch_size"], r["ranks"]) for r in run.oom_retries] == [
+        (64, 32, [3])]
+    assert run.panel_state["attempt"] == 2 and run.panel_state["batch_size"] == 32
+    assert not _agents()
+
+
+def test_max_restarts_restarts_every_host(local_sshd, tmp_path):
+    marker = str(tmp_path / "failed-once")
+    assert notebook_launcher(fails_once, args=(marker,), num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
+                             device="cpu", timeout=120, max_restarts=1, display="text") == 0
+    run = last_run()
+    assert run.attempts == 2 and sorted(run.exit_codes) == [0, 1, 2, 3]
+    assert any("restarting every host (1 of max_restarts=1)" in event.data.get("text", "")
+               for event in run.events if event.kind == "launcher")
