@@ -391,6 +391,9 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
                 continue
             run.status = "failed"
             message = failure_message(cause, failures, current.tracker, list(range(plan.world_size)), run.run_dir)
+            where = "; ".join(f"{host}: ranks {node * plan.num_processes}-{(node + 1) * plan.num_processes - 1}"
+                              for node, host in enumerate(hosts))
+            message += f"\n\nRank {cause.rank} ran on {hosts[cause.rank // plan.num_processes]} ({where})."
             raise RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures, run)
         if problem:
             run.status = "failed"

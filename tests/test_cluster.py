@@ -113,6 +113,7 @@ def test_a_rank_killed_on_one_host_ends_the_run_on_every_host(local_sshd, tmp_pa
     assert time.monotonic() - started < 60  # not the 120 s timeout
     assert caught.value.rank == 3 and "SIGKILL" in caught.value.failure.type
     assert str(caught.value).startswith("Rank 3 failed first: killed by SIGKILL")
+    assert "Rank 3 ran on 127.0.0.2 (127.0.0.1: ranks 0-1; 127.0.0.2: ranks 2-3)." in str(caught.value)
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind on a host"
 
 
