@@ -42,17 +42,6 @@ class HostFailedError(RuntimeError):
         self.run = run
 
 
-def read_hostfile(path: str) -> list[str]:
-    """One host per line (an MPI hostfile works: ``host slots=4`` takes the host); # starts a comment."""
-    hosts = []
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            words = line.split("#", 1)[0].split()
-            if words:
-                hosts.append(words[0])
-    return hosts
-
-
 class RemoteNode:
     def __init__(self, host: str, node_rank: int, secret: bytes):
         self.host = host
@@ -345,6 +334,8 @@ def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options) -> list[st
     if hostfile is not None:
         if not os.path.isfile(str(hostfile)):
             raise LaunchArgumentError(f"hostfile={hostfile!r} is not a file: give a file with one host per line")
+        from .doctor import read_hostfile  # the doctor reads MPI hostfiles the same way
+
         hosts = read_hostfile(str(hostfile))
         if not hosts:
             raise LaunchArgumentError(f"hostfile={hostfile!r} lists no host: one host name or address per line")

@@ -192,6 +192,7 @@ def check_mpi() -> Check:
 
 
 def read_hostfile(path: str) -> list[str]:
+    """One host per line; an MPI hostfile works (``host slots=4``, ``host:4``); # starts a comment."""
     hosts = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:

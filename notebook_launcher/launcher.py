@@ -334,11 +334,7 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
         if cause.oom_retry and not getattr(display, "single_attempt", False):
             # out of memory in find_executable_batch_size: all ranks again, at the smaller size (on an agent of a
             # launch across hosts, the launching kernel decides that for every host)
-            retry = _agreed_retry(failures)
-            run.oom_retries.append(retry)
-            plan = dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
-                                                          retry["key"]: retry["new_batch_size"]})
-            on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+            plan = _step_down(plan, run, failures, on_event)
             continue
         if restarts >= plan.max_restarts:
             run.status = "failed"
@@ -377,11 +373,7 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
             cause = root_cause(failures)
             run.failures, run.root_cause = failures, cause
             if cause.oom_retry and not problem:  # every host again, at the smaller size
-                retry = _agreed_retry(failures)
-                run.oom_retries.append(retry)
-                plan = dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
-                                                              retry["key"]: retry["new_batch_size"]})
-                on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+                plan = _step_down(plan, run, failures, on_event)
                 continue
             if restarts < plan.max_restarts and not problem:
                 restarts += 1
@@ -469,6 +461,14 @@ def _warn_old_kernel_once(display: TextDisplay) -> None:
     check = check_kernel_release(platform.release())
     if check.verdict == WARNING:
         display.note(f"warning: Linux kernel {check.found} ({check.fix})")
+
+
+def _step_down(plan, run: Run, failures: dict, on_event):
+    """Out of memory in find_executable_batch_size: the plan for the next try, every rank at the agreed size."""
+    retry = _agreed_retry(failures)
+    run.oom_retries.append(retry)
+    on_event(Event(rank=run.root_cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+    return dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}), retry["key"]: retry["new_batch_size"]})
 
 
 def _agreed_retry(failures: dict) -> dict:

@@ -161,7 +161,7 @@ def test_hosts_arguments_are_checked_before_anything_starts(tmp_path):
         notebook_launcher(work, ssh_options=["-p", "22"])
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# the cluster\nnode-a slots=4\n\nnode-b  # second\n")
-    from notebook_launcher.cluster import read_hostfile
+    from notebook_launcher.doctor import read_hostfile
     assert read_hostfile(str(hostfile)) == ["node-a", "node-b"]
 
 
