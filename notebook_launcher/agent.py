@@ -1,6 +1,8 @@
 """One host's part of a launch across hosts (``notebook_launcher(..., hosts=[...])``).
 
-The launching kernel starts ``python -m notebook_launcher.agent`` on each host over SSH. The agent runs that
+The launching kernel starts ``python -m notebook_launcher.agent`` on each host over SSH (or with mpirun, one
+agent per host, each connecting back to the kernel with ``--connect``: then that connection carries what stdin
+and stdout carry over SSH). The agent runs that
 host's ranks with the ordinary launcher (fork, supervision, teardown, hang diagnosis) and sends every event
 back on its stdout, which is the SSH channel, each frame signed (``events.sign_frame``).
 
@@ -22,7 +24,7 @@ import sys
 import threading
 import traceback
 
-from .events import (AGENT_EVENT, AGENT_MAGIC, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, node_key, sign_frame,
+from .events import (AGENT_ENV_VAR, AGENT_EVENT, AGENT_MAGIC, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, node_key, sign_frame,
                      write_all)
 
 
@@ -69,15 +71,20 @@ class ForwardingDisplay:
 
 
 class StdinReader:
-    """Reads fd 0 with os.read and a buffer of its own. Not sys.stdin: a thread blocked in sys.stdin holds its
-    lock, and the ranks forked meanwhile would inherit it held (and hang the first time they touch stdin)."""
+    """Reads the agent's input (fd 0, or its connection to the kernel) with os.read and a buffer of its own.
+    Not sys.stdin: a thread blocked in sys.stdin holds its lock, and the ranks forked meanwhile would inherit it
+    held (and hang the first time they touch stdin)."""
 
-    def __init__(self):
+    def __init__(self, fd: int = 0):
+        self._fd = fd
         self._buffer = bytearray()
         self._eof = False
 
     def _fill(self) -> None:
-        chunk = os.read(0, 65536)
+        try:
+            chunk = os.read(self._fd, 65536)
+        except OSError:  # the connection was reset: the same as its end
+            chunk = b""
         self._eof = not chunk
         self._buffer += chunk
 
@@ -107,12 +114,34 @@ def _watch_stdin(stdin: StdinReader) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def main() -> int:
-    channel = os.dup(1)
+def _connect_back() -> int:
+    """Started by mpirun: connect to the kernel named in $NOTEBOOK_LAUNCHER_AGENT and prove this is node N's
+    agent of this run (node N = this MPI rank); the connection then carries what stdin and stdout do over SSH."""
+    import hmac
+    import socket
+
+    address, port, secret = os.environ.pop(AGENT_ENV_VAR).split()  # the ranks do not inherit the secret
+    node_rank = int(next(os.environ[name] for name in _MPI_RANK_VARS if name in os.environ))
+    connection = socket.create_connection((address, int(port)), timeout=30)
+    connection.settimeout(None)
+    proof = hmac.new(node_key(bytes.fromhex(secret), node_rank), b"hello", "sha256").hexdigest()
+    connection.sendall(f"{node_rank} {proof}\n".encode())
+    return connection.detach()
+
+
+_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def main(argv: list[str]) -> int:
+    if "--connect" in argv:
+        channel = _connect_back()
+        stdin = StdinReader(channel)
+    else:
+        channel = os.dup(1)
+        stdin = StdinReader(0)
     os.dup2(2, 1)  # whatever else writes to stdout (a library, a print) goes to stderr, not into the frames
     sys.stdout = sys.stderr
     os.register_at_fork(after_in_child=lambda: _close_quietly(channel))  # ranks must not hold the channel open
-    stdin = StdinReader()
     config = json.loads(stdin.readline())
     node_rank = config["node_rank"]
     payload = stdin.read(config["payload_bytes"])
@@ -198,6 +227,6 @@ def _launch(function, args, config: dict, master: dict, writer: SignedWriter, re
 
 
 if __name__ == "__main__":
-    exit_code = main()
+    exit_code = main(sys.argv[1:])
     sys.stderr.flush()
     os._exit(exit_code)  # every frame is written; skip the interpreter's teardown (~0.5 s with torch loaded)

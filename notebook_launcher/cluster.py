@@ -17,12 +17,13 @@ import secrets
 import selectors
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections import deque
 
-from .events import (AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event, SignedFrameReader,
+from .events import (AGENT_ENV_VAR, AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event, SignedFrameReader,
                      UnverifiedStream, node_key)
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
@@ -42,12 +43,36 @@ class HostFailedError(RuntimeError):
         self.run = run
 
 
+class _SocketControl:
+    """The kernel's writing end of an agent's connection: closing it ends the agent's input (a stop) while its
+    events can still arrive on the same connection."""
+
+    def __init__(self, connection: socket.socket):
+        self._connection = connection
+        self._writer = connection.dup()
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self._writer.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self._connection.shutdown(socket.SHUT_WR)
+            self._writer.close()
+
+
 class RemoteNode:
     def __init__(self, host: str, node_rank: int, secret: bytes):
         self.host = host
         self.node_rank = node_rank
         self.reader = SignedFrameReader(node_key(secret, node_rank))
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None  # its ssh; with mpirun, the one mpirun of every host
+        self.control = None  # where the kernel writes to its agent: ssh's stdin, or the agent's connection
+        self.sources: list = []  # what the kernel reads from it: ssh's stdout and stderr, or the connection
+        self.connected = False  # mpirun: its agent connected back and proved it holds the key
+        self.connection: socket.socket | None = None
         self.outbox = bytearray()  # what is still to be written to its stdin (never a blocking write)
         self.close_stdin = False  # close stdin once the outbox is written (a stop)
         self.ended_at: float | None = None  # when its ssh exited or its agent said it was done
@@ -65,11 +90,17 @@ class Cluster:
     """``run()`` starts every host's agent, carries their events to ``on_event`` and returns when all are gone."""
 
     def __init__(self, plan, hosts: list[str], ssh_options, payload: bytes, on_event, note, on_tick=None,
-                 python: str | None = None):
+                 python: str | None = None, start_with: str = "ssh", mpirun_options=None):
         self.plan = plan
         self.secret = secrets.token_bytes(32)
         self.nodes = [RemoteNode(host, rank, self.secret) for rank, host in enumerate(hosts)]
         self.ssh_options = list(ssh_options or [])
+        self.start_with = start_with
+        self.mpirun_options = list(mpirun_options or [])
+        self._mpirun_command: list[str] = []
+        self._master_line = b""  # node 0's store address, for the other agents
+        self._listener: socket.socket | None = None
+        self._mpirun_output = RemoteNode("mpirun", -1, self.secret)  # mpirun's own stdout/stderr lines
         self.payload = payload
         self.on_event = on_event
         self.note = note
@@ -101,32 +132,104 @@ class Cluster:
         for pipe, channel in ((node.process.stdout, "events"), (node.process.stderr, "stderr")):
             os.set_blocking(pipe.fileno(), False)
             self._selector.register(pipe, selectors.EVENT_READ, (node, channel))
+            node.sources.append(pipe)
             node.open_pipes += 1
-        os.set_blocking(node.process.stdin.fileno(), False)
+        node.control = node.process.stdin
+        os.set_blocking(node.control.fileno(), False)
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
+    def mpirun_command(self) -> list[str]:
+        """One agent per host, started by the MPI found (the doctor's detection); each connects back."""
+        from .doctor import mpi_implementation
+
+        path, name = mpi_implementation()
+        if not path:
+            raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
+                                  "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
+        agent = [self.python, "-m", "notebook_launcher.agent", "--connect"]
+        count = str(len(self.nodes))
+        if name == "Open MPI":
+            command = [path, "--host", ",".join(f"{node.host}:1" for node in self.nodes), "-np", count,
+                       "-x", AGENT_ENV_VAR]
+            if os.geteuid() == 0:
+                command.append("--allow-run-as-root")
+        else:  # MPICH, Intel MPI (Hydra)
+            command = [path, "-hosts", ",".join(node.host for node in self.nodes), "-n", count, "-ppn", "1",
+                       "-genvlist", AGENT_ENV_VAR]
+        return command + self.mpirun_options + agent
+
+    def _start_mpirun(self) -> None:
+        from .rendezvous import advertised_address
+
+        self._listener = socket.create_server(("0.0.0.0", 0), backlog=len(self.nodes) + 4)
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, (None, "accept"))
+        address = advertised_address(f"{self.nodes[0].host}:1")  # where the hosts reach this kernel
+        env = {**os.environ, AGENT_ENV_VAR: f"{address} {self._listener.getsockname()[1]} {self.secret.hex()}"}
+        self._mpirun_command = self.mpirun_command()
+        process = subprocess.Popen(self._mpirun_command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env, start_new_session=True)
+        output = self._mpirun_output
+        output.process = process
+        for node in self.nodes:
+            node.process = process
+        for pipe in (process.stdout, process.stderr):
+            os.set_blocking(pipe.fileno(), False)
+            self._selector.register(pipe, selectors.EVENT_READ, (output, "stderr"))
+            output.sources.append(pipe)
+            output.open_pipes += 1
+
+    def _accept(self) -> None:
+        """An agent connected back: it must say which node it is and prove it holds that node's key first."""
+        import hmac
+
+        try:
+            connection, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        connection.settimeout(10)
+        try:
+            rank_text, _, proof = connection.makefile("rb").readline(200).decode().strip().partition(" ")
+            node = self.nodes[int(rank_text)]
+            expected = hmac.new(node_key(self.secret, node.node_rank), b"hello", "sha256").hexdigest()
+            if node.connected or not hmac.compare_digest(proof, expected):
+                raise ValueError("not this run's agent")
+        except (OSError, ValueError, IndexError, UnicodeDecodeError):
+            connection.close()  # not ours, or too slow: never read further
+            return
+        connection.setblocking(False)
+        node.connected = True
+        node.connection = connection
+        self._selector.register(connection, selectors.EVENT_READ, (node, "events"))
+        node.sources.append(connection)
+        node.open_pipes += 1
+        node.control = _SocketControl(connection)
+        self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
+        if node.node_rank != 0 and self._master_line:
+            self._send(node, self._master_line)
+
     def _send(self, node: RemoteNode, data: bytes) -> None:
-        """Queue bytes for a host's stdin; the loop writes them when the pipe takes them (a host that does not
-        read never blocks the kernel)."""
-        if node.process is None or node.process.stdin.closed:
+        """Queue bytes for a host's agent; the loop writes them when its pipe or connection takes them (a host
+        that does not read never blocks the kernel)."""
+        if node.control is None or node.control.closed:
             return
         if not node.outbox:
-            self._selector.register(node.process.stdin, selectors.EVENT_WRITE, (node, "stdin"))
+            self._selector.register(node.control, selectors.EVENT_WRITE, (node, "control"))
         node.outbox += data
 
     def _write(self, node: RemoteNode) -> None:
-        stdin = node.process.stdin
+        control = node.control
         try:
-            written = os.write(stdin.fileno(), node.outbox[:65536])
+            written = os.write(control.fileno(), node.outbox[:65536])
             del node.outbox[:written]
         except BlockingIOError:
             return
         except OSError:  # the host went away: it is noticed on its other pipes
             node.outbox.clear()
         if not node.outbox:
-            self._selector.unregister(stdin)
+            self._selector.unregister(control)
             if node.close_stdin:
-                stdin.close()
+                control.close()
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, timeout: float | None) -> None:
@@ -138,9 +241,12 @@ class Cluster:
         deadline = None if timeout is None else time.monotonic() + timeout + STOP_GRACE_S
         try:
             with _DeferredInterrupt(wake_write) as interrupt:
-                for node in self.nodes:
-                    self._start(node)
-                while any(node.open_pipes or node.process.poll() is None for node in self.nodes):
+                if self.start_with == "mpirun":
+                    self._start_mpirun()
+                else:
+                    for node in self.nodes:
+                        self._start(node)
+                while any(node.open_pipes or node.process.poll() is None for node in self._watched()):
                     if interrupt.count and self.stop_reason is None:
                         self.stop("interrupted")
                     now = time.monotonic()
@@ -159,27 +265,40 @@ class Cluster:
                 if node.process is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         node.process.wait(timeout=5)
-                    for pipe in (node.process.stdin, node.process.stdout, node.process.stderr):
-                        with contextlib.suppress(OSError, ValueError):
+                    for pipe in (node.process.stdin, node.process.stdout, node.process.stderr, node.control,
+                                 node.connection):
+                        with contextlib.suppress(OSError, ValueError, AttributeError):
                             pipe.close()
+            if self._listener is not None:
+                self._listener.close()
             self._selector.close()
             os.close(wake_read)
             os.close(wake_write)
 
+    def _watched(self) -> list[RemoteNode]:
+        return self.nodes + ([self._mpirun_output] if self._mpirun_output.process is not None else [])
+
     def _finish_ended_hosts(self, now: float) -> None:
         """A host whose ssh exited, or whose agent said it was done, gets EOF_GRACE_S for its pipes to close;
-        then its ssh (still held open by something on the host) is killed and its pipes are closed here."""
-        for node in self.nodes:
+        then its ssh (still held open by something on the host) is killed and its pipes are closed here. With
+        mpirun, its one process is killed only once every agent is done (or it has exited)."""
+        for node in self._watched():
             if node.ended_at is None and (node.process.poll() is not None or node.done_code is not None):
                 node.ended_at = now
-            if node.ended_at is not None and now - node.ended_at > EOF_GRACE_S and (
-                    node.open_pipes or node.process.poll() is None):
+        if self._mpirun_output.process is not None and self._mpirun_output.ended_at is None and all(
+                node.ended_at is not None for node in self.nodes):
+            self._mpirun_output.ended_at = now
+        for node in self._watched():
+            if node.ended_at is None or now - node.ended_at <= EOF_GRACE_S:
+                continue
+            if node.process.poll() is None and (self.start_with == "ssh" or node is self._mpirun_output):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(node.process.pid, signal.SIGKILL)
-                for pipe in (node.process.stdout, node.process.stderr):
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._selector.unregister(pipe)
-                node.open_pipes = 0
+            for source in node.sources:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(source)
+            node.sources.clear()
+            node.open_pipes = 0
 
     def _step(self, wait_s: float) -> None:
         for key, _ in self._selector.select(wait_s):
@@ -188,8 +307,11 @@ class Cluster:
                 with contextlib.suppress(BlockingIOError):
                     os.read(key.fd, 512)
                 continue
-            if channel == "stdin":
+            if channel == "control":
                 self._write(node)
+                continue
+            if channel == "accept":
+                self._accept()
                 continue
             try:
                 chunk = os.read(key.fd, 65536)
@@ -231,10 +353,10 @@ class Cluster:
         kind, data, rank = header.get("kind"), dict(header.get("data") or {}), int(header.get("rank", -1))
         if kind == AGENT_EVENT:
             if "master_port" in data and node.node_rank == 0:
-                line = json.dumps({"master_addr": str(data["master_addr"]),
-                                   "master_port": int(data["master_port"])}).encode() + b"\n"
+                self._master_line = json.dumps({"master_addr": str(data["master_addr"]),
+                                                "master_port": int(data["master_port"])}).encode() + b"\n"
                 for other in self.nodes[1:]:
-                    self._send(other, line)
+                    self._send(other, self._master_line)  # (an agent that connects later gets it then)
             if "done" in data:
                 node.done_code = int(data["done"])
             return
@@ -281,17 +403,17 @@ class Cluster:
             return
         self.stop_reason = reason
         for node in self.nodes:
-            if node.process is None or node.process.stdin.closed:
+            if node.control is None or node.control.closed:
                 continue
             if node.done_code is None:
                 self._send(node, b'{"stop": true}\n')
-            node.close_stdin = True  # the end of stdin stops the agent too, once the stop line is written
+            node.close_stdin = True  # the end of its input stops the agent too, once the stop line is written
             if not node.outbox:
-                node.process.stdin.close()
+                node.control.close()
         self._kill_at = time.monotonic() + STOP_GRACE_S
 
     def _kill_all(self) -> None:
-        for node in self.nodes:
+        for node in self._watched():
             if node.process is not None and node.process.poll() is None:
                 node.killed = True
                 with contextlib.suppress(ProcessLookupError):
@@ -308,6 +430,8 @@ class Cluster:
                     and not node.killed:  # its ssh ended by itself, not because we stopped the run
                 from .doctor import check_ssh
 
+                if self.start_with == "mpirun":
+                    return self._mpirun_problem(node, code)
                 tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
                 check = check_ssh(node.host, self.ssh_options)  # the doctor's check says whether SSH itself works
                 verdict = (f"The doctor's SSH check: {check.verdict}, {check.found}" +
@@ -318,6 +442,25 @@ class Cluster:
                         f"notebook_launcher installed.")
         return None
 
+    def _mpirun_problem(self, node: RemoteNode, code: int) -> str:
+        """mpirun ended before this host's agent finished: what mpirun said, then the doctor's sanity run."""
+        import tempfile
+
+        from .doctor import mpi_sanity_run
+
+        tail = "\n".join(f"  {line}" for line in self._mpirun_output.stderr_tail) or "  (nothing on stderr)"
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts") as hostfile:
+            hostfile.write("".join(f"{other.host}\n" for other in self.nodes))
+            hostfile.flush()
+            check = mpi_sanity_run(hostfile.name, len(self.nodes))
+        connected = "its agent had connected" if node.connected else "its agent never connected back"
+        return (f"host {node.host} (node {node.node_rank}) could not run its ranks ({connected}): "
+                f"`{shlex.join(self._mpirun_command)}` exited with code {code}. Its last lines:\n{tail}\n"
+                f"The doctor's mpirun sanity run: {check.verdict}, {check.found}"
+                + (f"; fix: {check.fix}" if check.verdict != "ok" else "") +
+                f".\nAlso check that {self.python} exists on every host with notebook_launcher installed, and "
+                f"that the hosts can reach this machine (the agents connect back to it).")
+
     def node_error(self) -> tuple[RemoteNode, dict] | None:
         for node in self.nodes:
             if node.error:
@@ -325,9 +468,17 @@ class Cluster:
         return None
 
 
-def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options) -> list[str]:
+def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with="ssh",
+                  mpirun_options=None) -> list[str]:
     """The hosts to start ranks on ([] for a launch on this machine only), checked before anything starts."""
     from .plan import LaunchArgumentError
+
+    if start_hosts_with not in ("ssh", "mpirun"):
+        raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default) or 'mpirun'")
+    if mpirun_options is not None and (start_hosts_with != "mpirun" or isinstance(mpirun_options, str) or
+                                       not all(isinstance(option, str) for option in mpirun_options)):
+        raise LaunchArgumentError(f"mpirun_options must be a list of mpirun arguments, with "
+                                  f"start_hosts_with='mpirun' (got {mpirun_options!r})")
 
     if hosts is not None and hostfile is not None:
         raise LaunchArgumentError("give hosts=[...] or hostfile=..., not both")
@@ -339,6 +490,9 @@ def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options) -> list[st
         hosts = read_hostfile(str(hostfile))
         if not hosts:
             raise LaunchArgumentError(f"hostfile={hostfile!r} lists no host: one host name or address per line")
+    if ssh_options is not None and start_hosts_with == "mpirun":
+        raise LaunchArgumentError("ssh_options is for start_hosts_with='ssh'; with mpirun, give its own options in "
+                                  "mpirun_options (e.g. ['--mca', 'plm_rsh_agent', 'ssh -p 2222'] for Open MPI)")
     if hosts is None:
         if ssh_options is not None:
             raise LaunchArgumentError("ssh_options is only used with hosts=[...] or hostfile=...")

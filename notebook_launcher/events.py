@@ -396,6 +396,7 @@ class ProgressRecord:
 AGENT_EVENT = "agent"  # data {"master_port": p} from node 0's agent, {"done": exit_code} at its end
 NOTE_EVENT = "note"  # data {"text"}: a line of an agent's own launcher
 NODE_ERROR_EVENT = "node_error"  # data {"type", "message", "traceback"}: the launch on that host ended so
+AGENT_ENV_VAR = "NOTEBOOK_LAUNCHER_AGENT"  # mpirun: "kernel-address port secret", for agents to connect back
 AGENT_MAGIC = b"NOTEBOOK-LAUNCHER-AGENT/1\n"  # what comes before the frames: anything earlier (a login banner) is skipped
 _SIGNED_HEADER = struct.Struct(">I")
 _MAC_BYTES = 32

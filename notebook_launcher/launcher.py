@@ -103,7 +103,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
                       timeout=None, debug=None, config_file=None, memory_limit=None, display="auto", hosts=None,
-                      hostfile=None, ssh_options=None):
+                      hostfile=None, ssh_options=None, start_hosts_with="ssh", mpirun_options=None):
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
 
     Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
@@ -154,7 +154,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     ``num_processes`` ranks on each host over SSH (``ssh_options``, e.g. ``["-p", "2222", "-i", key]``; the
     same Python path must exist on every host with notebook_launcher installed), ships the function with
     cloudpickle, and brings every rank's events back into this cell, signed with a secret made for the run. A
-    failure or an interrupt on any host stops every host.
+    failure or an interrupt on any host stops every host. ``start_hosts_with="mpirun"`` starts the hosts' agents
+    with the MPI found instead (``mpirun_options`` are added to its command); they connect back to this kernel.
 
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
@@ -165,7 +166,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         raise planning.LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
-    hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options)
+    hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with, mpirun_options)
     if hosts:
         num_nodes, master_addr = len(hosts), hosts[0]
     plan = planning.make_plan(
@@ -193,7 +194,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     started = time.monotonic()
     try:
         if hosts:
-            return _run_cluster(plan, run, log, display, payload, hosts, ssh_options)
+            return _run_cluster(plan, run, log, display, payload, hosts, ssh_options, start_hosts_with,
+                                mpirun_options)
         if plan.runs_in_kernel:
             display.note(f"1 process: running {_name(function)} in this kernel on {plan.device}")
             return _run_in_kernel(plan, run)
@@ -346,7 +348,8 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
                     f"({restarts} of max_restarts={plan.max_restarts})"}))
 
 
-def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: list[str], ssh_options):
+def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: list[str], ssh_options,
+                 start_hosts_with: str = "ssh", mpirun_options=None):
     """Every host's ranks through its SSH-started agent; their events join this kernel's event pipeline. An
     out-of-memory step down (find_executable_batch_size) or a restart (max_restarts) starts every host again."""
     current = _Attempt()
@@ -359,7 +362,8 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
         current.tracker = FailureTracker()
         current.in_order = InOrderRelease(list(range(plan.world_size)), display.show)
         cluster = Cluster(plan, hosts, ssh_options, payload, on_event, display.note,
-                          on_tick=_both(current.in_order.release, display.tick))
+                          on_tick=_both(current.in_order.release, display.tick), start_with=start_hosts_with,
+                          mpirun_options=mpirun_options)
         run.status = "running"
         try:
             cluster.run(plan.timeout)

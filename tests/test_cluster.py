@@ -159,6 +159,10 @@ def test_hosts_arguments_are_checked_before_anything_starts(tmp_path):
         notebook_launcher(work, hosts=HOSTS, node_rank=1, num_nodes=2)
     with pytest.raises(LaunchArgumentError, match="ssh_options is only used with hosts"):
         notebook_launcher(work, ssh_options=["-p", "22"])
+    with pytest.raises(LaunchArgumentError, match="start_hosts_with='pdsh': use 'ssh'"):
+        notebook_launcher(work, hosts=HOSTS, start_hosts_with="pdsh")
+    with pytest.raises(LaunchArgumentError, match="with mpirun, give its own options in mpirun_options"):
+        notebook_launcher(work, hosts=HOSTS, start_hosts_with="mpirun", ssh_options=["-p", "22"])
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# the cluster\nnode-a slots=4\n\nnode-b  # second\n")
     from notebook_launcher.doctor import read_hostfile
@@ -268,3 +272,61 @@ def test_max_restarts_restarts_every_host(local_sshd, tmp_path):
     assert run.attempts == 2 and sorted(run.exit_codes) == [0, 1, 2, 3]
     assert any("restarting every host (1 of max_restarts=1)" in event.data.get("text", "")
                for event in run.events if event.kind == "launcher")
+
+
+def _mpirun_through(local_sshd) -> list[str]:
+    """Open MPI reaches 127.0.0.2 through the test's sshd (its rsh agent is ssh with the fixture's options)."""
+    import shlex
+
+    agent = shlex.join(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", *local_sshd])
+    return ["--mca", "plm_rsh_agent", agent]
+
+
+def test_mpirun_starts_the_hosts_agents_which_connect_back(local_sshd, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    result = notebook_launcher(everyone, args=(str(pid_dir),), num_processes=2, hosts=HOSTS, device="cpu",
+                               timeout=120, display="text", start_hosts_with="mpirun",
+                               mpirun_options=_mpirun_through(local_sshd))
+    assert result == (0, 4, 6.0)
+    run = last_run()
+    for rank in range(4):
+        assert any(line.startswith(f"rank {rank} of 4 on ") for line in run.output(rank)), run.output()
+    assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
+
+
+def test_with_mpirun_a_killed_rank_ends_the_run_on_every_host(local_sshd, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with pytest.raises(RankFailedError) as caught:
+        notebook_launcher(one_rank_is_killed, args=(str(pid_dir),), num_processes=2, hosts=HOSTS, device="cpu",
+                          timeout=120, display="text", start_hosts_with="mpirun",
+                          mpirun_options=_mpirun_through(local_sshd))
+    assert caught.value.rank == 3 and "SIGKILL" in caught.value.failure.type
+    assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
+
+
+def test_an_agent_that_cannot_prove_it_belongs_to_the_run_is_refused():
+    import hmac
+    import socket
+
+    from notebook_launcher.cluster import Cluster
+    from notebook_launcher.plan import make_plan
+
+    plan = make_plan(everyone, ("/x",), 1, "no", "29500", "127.0.0.1", 0, 2, "static", "", None, "none", 0, 0.1,
+                     None, "auto", "cpu", "auto", None, None, None, None)
+    cluster = Cluster(plan, HOSTS, None, b"", lambda event: None, lambda text: None, start_with="mpirun")
+    cluster._listener = socket.create_server(("127.0.0.1", 0))
+    port = cluster._listener.getsockname()[1]
+    for proof in ("0 " + "0" * 64, "1 " + hmac.new(node_key(b"another run", 1), b"hello", "sha256").hexdigest()):
+        with socket.create_connection(("127.0.0.1", port)) as intruder:
+            intruder.sendall(proof.encode() + b"\n")
+            cluster._listener.setblocking(True)
+            cluster._accept()
+            assert intruder.recv(100) == b""  # closed without a byte of the run's settings or function
+    assert not any(node.connected for node in cluster.nodes)
+    cluster._listener.close()
