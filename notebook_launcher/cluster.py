@@ -110,7 +110,6 @@ class Cluster:
         self._stop_at: float | None = None
         self._kill_at: float | None = None
         self._selector = selectors.DefaultSelector()
-        self._finished_ranks: set[int] = set()
         self._reported: set[int] = set()
 
     # -- start -------------------------------------------------------------------------------------------------
@@ -379,8 +378,6 @@ class Cluster:
         event = Event(rank=rank, seq=node.seq[rank], time=time.monotonic(), kind=kind, data=data,
                       attachment=attachment)
         self.on_event(event)
-        if kind == STATUS and data.get("state") == "finished":
-            self._finished_ranks.add(rank)
         if kind == FAILURE or (kind == EXIT and data.get("exit_code") != 0 and rank not in self._reported
                                and not data.get("stopped_by_launcher")):
             self._reported.add(rank)

@@ -326,26 +326,16 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
             raise LaunchTimeoutError(message, run)
         failures = tracker.failures()
         if not failures and supervisor.stop_reason is None:
-            run.status = "finished"
-            run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
-            if run.oom_retries:
-                display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
-            return run.result(0)
-        cause = root_cause(failures)
-        run.failures, run.root_cause = failures, cause
-        if cause.oom_retry and not getattr(display, "single_attempt", False):
-            # out of memory in find_executable_batch_size: all ranks again, at the smaller size (on an agent of a
-            # launch across hosts, the launching kernel decides that for every host)
-            plan = _step_down(plan, run, failures, on_event)
-            continue
-        if restarts >= plan.max_restarts:
+            return _finished(run, display)
+        run.failures, run.root_cause = failures, root_cause(failures)
+        # on an agent of a launch across hosts, the launching kernel decides new tries for every host
+        again = None if getattr(display, "single_attempt", False) else _try_again(
+            plan, run, failures, restarts, on_event, "all ranks")
+        if again is None:
             run.status = "failed"
-            raise RankFailedError(failure_message(cause, failures, tracker, ranks, run.run_dir), cause, failures,
-                                  run)
-        restarts += 1
-        on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
-            "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting all ranks "
-                    f"({restarts} of max_restarts={plan.max_restarts})"}))
+            raise RankFailedError(failure_message(run.root_cause, failures, tracker, ranks, run.run_dir),
+                                  run.root_cause, failures, run)
+        plan, restarts = again
 
 
 def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: list[str], ssh_options,
@@ -374,17 +364,12 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
         failures = current.tracker.failures()
         problem = cluster.host_problem()
         if failures:
-            cause = root_cause(failures)
-            run.failures, run.root_cause = failures, cause
-            if cause.oom_retry and not problem:  # every host again, at the smaller size
-                plan = _step_down(plan, run, failures, on_event)
+            run.failures, run.root_cause = failures, root_cause(failures)
+            again = None if problem else _try_again(plan, run, failures, restarts, on_event, "every host")
+            if again is not None:
+                plan, restarts = again
                 continue
-            if restarts < plan.max_restarts and not problem:
-                restarts += 1
-                on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
-                    "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting every "
-                            f"host ({restarts} of max_restarts={plan.max_restarts})"}))
-                continue
+            cause = run.root_cause
             run.status = "failed"
             message = failure_message(cause, failures, current.tracker, list(range(plan.world_size)), run.run_dir)
             where = "; ".join(f"{host}: ranks {node * plan.num_processes}-{(node + 1) * plan.num_processes - 1}"
@@ -406,11 +391,7 @@ def _run_cluster(plan, run: Run, log: RunLog, display, payload: bytes, hosts: li
             if error.get("type") == "LaunchTimeoutError":
                 raise LaunchTimeoutError(text, run)
             raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
-        run.status = "finished"
-        run.failures, run.root_cause = {}, None
-        if run.oom_retries:
-            display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
-        return run.result(0)
+        return _finished(run, display)
 
 
 def _meet(meeting_point: NodeRendezvous, plan, run: Run):
@@ -467,12 +448,31 @@ def _warn_old_kernel_once(display: TextDisplay) -> None:
         display.note(f"warning: Linux kernel {check.found} ({check.fix})")
 
 
-def _step_down(plan, run: Run, failures: dict, on_event):
-    """Out of memory in find_executable_batch_size: the plan for the next try, every rank at the agreed size."""
-    retry = _agreed_retry(failures)
-    run.oom_retries.append(retry)
-    on_event(Event(rank=run.root_cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
-    return dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}), retry["key"]: retry["new_batch_size"]})
+def _finished(run: Run, display):
+    run.status = "finished"
+    run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
+    if run.oom_retries:
+        display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
+    return run.result(0)
+
+
+def _try_again(plan, run: Run, failures: dict, restarts: int, on_event, who: str):
+    """After a failed try (``run.root_cause`` set): (plan, restarts) for the next one, or None. An out-of-memory
+    error in find_executable_batch_size starts everyone again at the agreed smaller size; another failure does
+    while max_restarts allows."""
+    cause = run.root_cause
+    if cause.oom_retry:
+        retry = _agreed_retry(failures)
+        run.oom_retries.append(retry)
+        on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+        sizes = {**(plan.batch_sizes or {}), retry["key"]: retry["new_batch_size"]}
+        return dataclasses.replace(plan, batch_sizes=sizes), restarts
+    if restarts >= plan.max_restarts:
+        return None
+    on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=LAUNCHER, data={
+        "text": f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting {who} "
+                f"({restarts + 1} of max_restarts={plan.max_restarts})"}))
+    return plan, restarts + 1
 
 
 def _agreed_retry(failures: dict) -> dict:

@@ -64,15 +64,22 @@ def lab(tmp_path, runs_dir):
         yield root, url, browser
 
 
+def _start_training(lab, name: str, steps: int):
+    """A notebook running TRAIN_CELL, opened in the browser, its cells started (not awaited: watched live)."""
+    root, url, browser = lab
+    _notebook(root / name, [f"STEPS = {steps}", TRAIN_CELL])
+    page = open_notebook(browser, url, name)
+    command(page, "notebook:run-all-cells", wait=False)
+    return page
+
+
 def _rank_lines(page, rank: int) -> list[str]:
     return page.locator(f'.nl-run .nl-rank[data-rank="{rank}"] .nl-line .nl-text').all_inner_texts()
 
 
 def test_the_live_panel_shows_ranks_shape_errors_and_oom_retries_and_survives_a_reload(lab):
-    root, url, browser = lab
-    _notebook(root / "panel.ipynb", ["STEPS = 12", TRAIN_CELL])
-    page = open_notebook(browser, url, "panel.ipynb")
-    command(page, "notebook:run-all-cells", wait=False)
+    root = lab[0]
+    page = _start_training(lab, "panel.ipynb", steps=12)
 
     # live: the panel is there, running, with lines and progress, before the run ends
     page.wait_for_selector('.nl-run[data-status="running"] .nl-rank[data-rank="1"] .nl-line', timeout=90_000)
@@ -112,10 +119,7 @@ def test_the_live_panel_shows_ranks_shape_errors_and_oom_retries_and_survives_a_
 
 
 def test_the_runs_sidebar_lists_a_run_with_its_live_status(lab):
-    root, url, browser = lab
-    _notebook(root / "sidebar.ipynb", ["STEPS = 10", TRAIN_CELL])
-    page = open_notebook(browser, url, "sidebar.ipynb")
-    command(page, "notebook:run-all-cells", wait=False)
+    page = _start_training(lab, "sidebar.ipynb", steps=10)
     page.wait_for_selector('.nl-run[data-status="running"]', timeout=90_000)
     page.click('.jp-SideBar .lm-TabBar-tab[data-id="notebook-launcher-runs"]')  # the Runs tab
     run = page.locator(".nl-sidebar .nl-sidebar-run")

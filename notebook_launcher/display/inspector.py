@@ -373,21 +373,16 @@ class RunInspector(widgets.VBox):
                                    continuous_update=True, layout=widgets.Layout(width="320px"))
         self.regex = widgets.Checkbox(value=False, description="regex", indent=False,
                                       layout=widgets.Layout(width="80px"))
-        self.first_button = widgets.Button(icon="angle-double-left", tooltip="first page",
-                                           layout=widgets.Layout(width="40px"))
-        self.previous_button = widgets.Button(icon="angle-left", tooltip="previous page",
-                                              layout=widgets.Layout(width="40px"))
-        self.next_button = widgets.Button(icon="angle-right", tooltip="next page",
-                                          layout=widgets.Layout(width="40px"))
-        self.last_button = widgets.Button(icon="angle-double-right", tooltip="last page",
-                                          layout=widgets.Layout(width="40px"))
+        self.first_button = _icon_button("angle-double-left", "first page")
+        self.previous_button = _icon_button("angle-left", "previous page")
+        self.next_button = _icon_button("angle-right", "next page")
+        self.last_button = _icon_button("angle-double-right", "last page")
         self.page_label = widgets.HTML()
         self.line_box = widgets.BoundedIntText(value=1, min=1, max=10**12, description="line",
                                                layout=widgets.Layout(width="170px"))
         self.go_button = widgets.Button(description="go", tooltip="show the page with this line of events.jsonl",
                                         layout=widgets.Layout(width="50px"))
-        self.reload_button = widgets.Button(icon="refresh", tooltip="read what the run wrote since",
-                                            layout=widgets.Layout(width="40px"))
+        self.reload_button = _icon_button("refresh", "read what the run wrote since")
         self.status = widgets.HTML()
         self.content = widgets.HTML(layout=widgets.Layout(max_height="520px", overflow="auto",
                                                           border="1px solid #ddd", padding="2px 4px"))
@@ -822,3 +817,7 @@ def inspect_run(run: Any = None, *, rank: Any = None, kind: Any = None, level: A
     if any(value is not None for value in (rank, kind, level, search)) or regex:
         inspector.filter(rank=rank, kind=kind, level=level, search=search, regex=regex or None)
     return inspector
+
+
+def _icon_button(icon: str, tooltip: str):
+    return widgets.Button(icon=icon, tooltip=tooltip, layout=widgets.Layout(width="40px"))

@@ -59,6 +59,7 @@ class RunState:
         self._ended: float | None = None
         self.attempt = 1
         self.notes: list[str] = []
+        self.lines_per_rank = lines_per_rank
         self.ranks = {rank: RankState(rank, lines_per_rank) for rank in ranks}
         self.shape_mismatches: list[dict] = []
         self.oom_retries: list[dict] = []
@@ -80,8 +81,7 @@ class RunState:
         """This node's global ranks, once a rendezvous has assigned them; columns of other ranks go."""
         ranks = list(ranks)
         if sorted(ranks) != sorted(self.ranks):
-            lines = self._any_rank().lines.maxlen or LINES_PER_RANK
-            self.ranks = {rank: self.ranks.get(rank) or RankState(rank, lines) for rank in ranks}
+            self.ranks = {rank: self.ranks.get(rank) or RankState(rank, self.lines_per_rank) for rank in ranks}
             self.changes += 1
 
     def note(self, text: str) -> None:
@@ -91,11 +91,8 @@ class RunState:
 
     def _rank(self, event: Event) -> RankState:
         if event.rank not in self.ranks:
-            self.ranks[event.rank] = RankState(event.rank, self._any_rank().lines.maxlen or LINES_PER_RANK)
+            self.ranks[event.rank] = RankState(event.rank, self.lines_per_rank)
         return self.ranks[event.rank]
-
-    def _any_rank(self) -> RankState:
-        return next(iter(self.ranks.values())) if self.ranks else RankState(0, LINES_PER_RANK)
 
     def _t(self, event: Event) -> float:
         return round(max(0.0, event.time - self._started), 3)
