@@ -186,7 +186,7 @@ class Cluster:
             connection, _ = self._listener.accept()
         except BlockingIOError:
             return
-        connection.settimeout(10)
+        connection.settimeout(2)  # an agent says who it is at once; a stranger holds the loop 2 s at most
         try:
             rank_text, _, proof = connection.makefile("rb").readline(200).decode().strip().partition(" ")
             node = self.nodes[int(rank_text)]
