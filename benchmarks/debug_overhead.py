@@ -15,22 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
-import socket
 import statistics
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from common import HERE, free_port, write_json
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as torch_mp  # noqa: E402
-
-from notebook_launcher import last_run, notebook_launcher, ops  # noqa: E402
+from notebook_launcher import last_run, notebook_launcher, ops
 
 CALLS = 400
 REPEATS = 5
@@ -79,10 +74,7 @@ def _bare_worker(rank: int, port: int, what: str, debug: bool, calls: int, out_d
 
 def bare(what: str, debug: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as out_dir:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        torch_mp.start_processes(_bare_worker, args=(port, what, debug, CALLS, out_dir), nprocs=WORLD,
+        torch_mp.start_processes(_bare_worker, args=(free_port(), what, debug, CALLS, out_dir), nprocs=WORLD,
                                  start_method="fork")
         return [float(open(os.path.join(out_dir, f"{rank}.txt")).read()) for rank in range(WORLD)]
 
@@ -124,9 +116,7 @@ def main() -> None:
     for name, value in ratios.items():
         print(f"  {name:34s} {value:9.2f}x")
     print(f"aim: ours gather debug on/off <= 1.5x: {'met' if ratios['ours gather on/off'] <= 1.5 else 'NOT met'}")
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as out:
-        json.dump({"us_per_call_median": medians, "ratios": ratios, "samples": samples}, out, indent=2)
+    write_json(RESULTS, {"us_per_call_median": medians, "ratios": ratios, "samples": samples})
     print(f"wrote {RESULTS}")
 
 

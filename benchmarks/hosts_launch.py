@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import itertools
 import json
 import os
@@ -48,22 +47,26 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
 import psutil
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
 import torch
+from common import (
+    HERE,
+    Quiet,
+    Watchdog,
+    free_port,
+    kill_all,
+    live_descendants,
+    log,
+    median,
+    ms,
+    ratio,
+)
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import RankFailedError, notebook_launcher
@@ -100,107 +103,11 @@ def fail_last_rank(stamp_path):
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def median(values):
-    values = [value for value in values if value is not None]
-    return statistics.median(values) if values else None
-
-
-def ratio(numerator, denominator):
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
-def ms(value) -> str:
-    return "n/a" if value is None else f"{value * 1000:.0f}"
-
-
-def live_descendants(pid: int) -> list[psutil.Process]:
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    found = []
-    for child in children:
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 def cmdline(process: psutil.Process) -> str:
     try:
         return " ".join(process.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return ""
-
-
-def kill_all(processes) -> list[int]:
-    killed = []
-    for process in processes:
-        try:
-            process.kill()
-            killed.append(process.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return killed
-
-
-class Quiet:
-    """fd 1/2 and sys.stdout/sys.stderr go to the log file for the duration of one call (every method alike)."""
-
-    def __init__(self, log_path: str):
-        self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-    @contextlib.contextmanager
-    def __call__(self):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = os.dup(1), os.dup(2)
-        os.dup2(self.log_fd, 1)
-        os.dup2(self.log_fd, 2)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-    def close(self):
-        os.close(self.log_fd)
-
-
-class Watchdog:
-    """Kills every process below this one except those in `keep` (sshd's listener, the node processes) if a call
-    overruns: the ssh clients, local workers and -- below sshd -- the sessions, agents and remote ranks."""
-
-    def __init__(self, seconds: float, keep: set):
-        self.fired = False
-        self.keep = keep
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-
-    def _fire(self):
-        self.fired = True
-        kill_all([p for p in live_descendants(os.getpid()) if p.pid not in self.keep])
-
-    def __enter__(self):
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._timer.cancel()
-        return False
 
 
 def wait_for_no_pytest(limit_s: float = PYTEST_WAIT_S) -> float:
@@ -209,8 +116,8 @@ def wait_for_no_pytest(limit_s: float = PYTEST_WAIT_S) -> float:
     while time.monotonic() - started < limit_s:
         if subprocess.run(["pgrep", "-f", "pytest"], capture_output=True, check=False).returncode != 0:
             break
-        print(f"  ... pytest is running on this machine; waiting ({time.monotonic() - started:.0f} s so far)",
-              flush=True)
+        log(f"  ... pytest is running on this machine; waiting ({time.monotonic() - started:.0f} s so far)",
+            sys.stdout)
         time.sleep(PYTEST_POLL_S)
     return time.monotonic() - started
 
@@ -522,7 +429,8 @@ class Bench:
             seconds, error, extra = self.nodes.launch(method, self.nproc, f"bench-{os.getpid()}-{rep}")
             return {"s": seconds, "error": error, **(extra or {})}
         out: dict = {"s": None, "error": None}
-        with Watchdog(CALL_GUARD_S, self.keep()) as guard, self.quiet():
+        # on overrun: the ssh clients, local workers and -- below sshd -- the sessions, agents and remote ranks go
+        with Watchdog(CALL_GUARD_S, keep=self.keep()) as guard, self.quiet():
             try:
                 if method == "hosts":
                     self.timeline.marks = []
@@ -641,7 +549,7 @@ def main(argv=None) -> int:
             for method in order:
                 sample = bench.run(method, rep)
                 (warmups if rep < args.warmup else samples)[method].append(sample)
-            print(f"  ... repetition {rep + 1}/{total} done ({time.monotonic() - started:.0f} s)", flush=True)
+            log(f"  ... repetition {rep + 1}/{total} done ({time.monotonic() - started:.0f} s)", sys.stdout)
         report = summarize(args, samples, warmups)
     finally:
         if nodes is not None:

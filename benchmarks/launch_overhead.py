@@ -35,34 +35,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
-import json
 import os
 import platform
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
-import psutil
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from common import (
+    HERE,
+    Quiet,
+    Watchdog,
+    fmt_ratio,
+    free_port,
+    kill_descendants,
+    live_descendants,
+    log,
+    median,
+    ms,
+    ratio,
+    write_json,
+)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as torch_mp  # noqa: E402
-
-import notebook_launcher as nl_pkg  # noqa: E402
-from notebook_launcher import RankFailedError, last_run, notebook_launcher  # noqa: E402
+import notebook_launcher as nl_pkg
+from notebook_launcher import RankFailedError, last_run, notebook_launcher
 
 RESULTS_PATH = os.path.join(HERE, "results", "launch_overhead.json")
 LAUNCH_GUARD_S = 8.0  # a no-op launch takes < 0.3 s, or ~5.1 s with a DNS stall (README); a hang is cut here
@@ -122,39 +124,11 @@ def accelerate_fail():
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def descendants() -> list[int]:
-    """Every live (not zombie) process below this one."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def kill_descendants() -> list[int]:
-    pids = descendants()
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return pids
-
-
 def dump_stacks_of_descendants() -> None:
     """Before the watchdog kills a hung call: each descendant's kernel wait channel, and its Python stacks if
     py-spy is on PATH (or in $PY_SPY), into the launcher log (kept in benchmarks/results/ when a call failed)."""
     py_spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
-    for pid in descendants():
+    for pid in [process.pid for process in live_descendants()]:
         try:
             with open(f"/proc/{pid}/wchan") as wchan, open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 where = wchan.read()
@@ -170,54 +144,6 @@ def dump_stacks_of_descendants() -> None:
             except (OSError, subprocess.SubprocessError) as exc:
                 lines.append(f"[watchdog] py-spy failed: {exc}")
         os.write(2, ("\n".join(lines) + "\n").encode())  # fd 2 is the launcher log during a timed call
-
-
-class Watchdog:
-    """SIGKILLs this process's descendants if a call overruns, so a hung launcher cannot hang the benchmark."""
-
-    def __init__(self, seconds: float):
-        self.fired = False
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-
-    def _fire(self):
-        self.fired = True
-        dump_stacks_of_descendants()
-        kill_descendants()
-
-    def __enter__(self):
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._timer.cancel()
-        return False
-
-
-class Quiet:
-    """Send fd 1/2 and sys.stdout/sys.stderr to the log file for the duration of one call (for every method)."""
-
-    def __init__(self, log_path: str):
-        self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-    @contextlib.contextmanager
-    def __call__(self):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = os.dup(1), os.dup(2)
-        os.dup2(self.log_fd, 1)
-        os.dup2(self.log_fd, 2)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-    def close(self):
-        os.close(self.log_fd)
 
 
 @contextlib.contextmanager
@@ -253,25 +179,6 @@ def restore_signal_handlers(record: dict, method: str):
                 signal.signal(signum, handler)
 
 
-def median(values):
-    values = [value for value in values if value is not None]
-    return statistics.median(values) if values else None
-
-
-def ms(value) -> str:
-    return "   n/a" if value is None else f"{value * 1000:6.1f}"
-
-
-def ratio(numerator, denominator):
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
-def fmt_ratio(value) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The methods
 # --------------------------------------------------------------------------------------------------------------
@@ -301,7 +208,7 @@ class Bench:
     def launch(self, method: str, n: int):
         extra = {}
         error = None
-        with Watchdog(LAUNCH_GUARD_S) as guard, self.quiet(), \
+        with Watchdog(LAUNCH_GUARD_S, before_kill=dump_stacks_of_descendants) as guard, self.quiet(), \
                 restore_signal_handlers(self.signal_handlers_left, method):
             try:
                 if method == "ours":
@@ -336,7 +243,7 @@ class Bench:
         caught_at = None
         blamed = None
         error = None
-        with Watchdog(FAILURE_GUARD_S) as guard, self.quiet(), \
+        with Watchdog(FAILURE_GUARD_S, before_kill=dump_stacks_of_descendants) as guard, self.quiet(), \
                 restore_signal_handlers(self.signal_handlers_left, method):
             try:
                 if method == "ours":
@@ -472,9 +379,7 @@ def main(argv=None) -> int:
         report["launcher_output_tail"] = log_tail
         report["launcher_output_log"] = kept_log
     print_report(report)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as out:
-        json.dump(report, out, indent=2, default=_json_default)
+    write_json(args.output, report, default=_json_default)
     print(f"\nresults: {os.path.relpath(args.output)}   total runtime {report['total_runtime_s']:.1f} s"
           f"   children left: {len(leftovers)}")
     return 0
@@ -509,7 +414,7 @@ def run_all(bench: Bench, sizes, warmup: int, reps: int, failure_reps: int) -> d
                 (cell["warmup"] if rep < warmup else cell["samples"]).append(elapsed)
                 if rep >= warmup and extra.get("phases"):
                     cell["phases"].append(extra["phases"])
-        _progress(f"launch overhead: repetition {rep + 1}/{total} done")
+        log(f"  ... launch overhead: repetition {rep + 1}/{total} done", sys.stdout)
 
     # 2. failure propagation: interleaved the same way
     total = warmup + failure_reps
@@ -533,7 +438,7 @@ def run_all(bench: Bench, sizes, warmup: int, reps: int, failure_reps: int) -> d
                 if method == "ours" and seconds is not None and bench.last_failure_phases:
                     cell["phases"].append(bench.last_failure_phases)
             bench.last_failure_phases = None
-        _progress(f"failure propagation: repetition {rep + 1}/{total} done")
+        log(f"  ... failure propagation: repetition {rep + 1}/{total} done", sys.stdout)
 
     return summarize(bench, sizes, launch, failure, warmup, reps, failure_reps)
 
@@ -631,8 +536,9 @@ def print_report(report: dict) -> None:
         for row in report["launch"]:
             if row["num_processes"] != n:
                 continue
-            print(f"  {row['method']:<12}{n:>3}{ms(row['median_s']):>9}{ms(row['min_s']):>8}{ms(row['max_s']):>9}"
-                  f"{ms(row['first_warmup_s']):>10}  {row['slow_over_1s']:>3}  {len(row['errors'])}")
+            print(f"  {row['method']:<12}{n:>3}{ms(row['median_s'], 1):>9}{ms(row['min_s'], 1):>8}"
+                  f"{ms(row['max_s'], 1):>9}{ms(row['first_warmup_s'], 1):>10}  {row['slow_over_1s']:>3}  "
+                  f"{len(row['errors'])}")
     for n in sizes:
         r = report["ratios"]
         print(f"  N={n}: ours / bare = {fmt_ratio(r[f'launch_N{n}_ours_over_bare'])} (aim <= {AIM_OURS_OVER_BARE}x)"
@@ -649,7 +555,7 @@ def print_report(report: dict) -> None:
     print(f"  {'method':<12}{'median':>9}{'min':>8}{'max':>8}  blamed rank(s)    errors")
     for row in report["failure"]:
         blamed = sorted({str(b) for b in row["blamed_rank"]})
-        print(f"  {row['method']:<12}{ms(row['median_s']):>9}{ms(row['min_s']):>8}{ms(row['max_s']):>8}"
+        print(f"  {row['method']:<12}{ms(row['median_s'], 1):>9}{ms(row['min_s'], 1):>8}{ms(row['max_s'], 1):>8}"
               f"  {','.join(blamed):<17} {len(row['errors'])}")
     for row in report["failure"]:
         if row.get("phases_median_s"):
@@ -691,10 +597,6 @@ def _tail(path: str, lines: int) -> list[str]:
     except OSError:
         return []
     return text.splitlines()[-lines:]
-
-
-def _progress(text: str) -> None:
-    print(f"  ... {text}", flush=True)
 
 
 def _json_default(value):

@@ -42,23 +42,28 @@ import logging
 import multiprocessing
 import os
 import platform
-import queue as queue_module
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import warnings
 from collections import Counter
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
 import psutil
 import torch
+from common import (
+    HERE,
+    KILL_WAIT_S,
+    ROOT,
+    Kernel,
+    kernel_env,
+    kill_all,
+    log,
+    median,
+    table,
+    write_json,
+)
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import get_logger, last_run, notebook_launcher
@@ -67,9 +72,7 @@ RESULTS_PATH = os.path.join(HERE, "results", "logging_throughput.json")
 NUM_RANKS = 2
 WARMUP_CALLS = 200
 LAUNCH_TIMEOUT_S = 120  # notebook_launcher(timeout=...): a hung launch is stopped, never waited on forever
-KERNEL_START_S = 60
 CELL_TIMEOUT_S = 120
-SHUTDOWN_S = 15
 CHILD_JOIN_S = 120
 AIM_US_PER_CALL = 20.0
 AIM_LOST = 0
@@ -116,10 +119,6 @@ def file_logger_child(path: str, n: int, warmup: int, index: int, results) -> No
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------------------
-def median(values):
-    return statistics.median(values) if values else None
-
-
 def log_events_per_rank(run) -> dict:
     """Timed log events ("line ..." messages) per rank in run.events."""
     counts = Counter(e.rank for e in run.events if e.kind == "log" and e.data.get("message", "").startswith("line "))
@@ -155,22 +154,6 @@ def launch_quietly(function, args):
         notebook_launcher(function, args=args, num_processes=NUM_RANKS, device="cpu", timeout=LAUNCH_TIMEOUT_S)
         elapsed = time.perf_counter() - start
     return elapsed, captured.getvalue(), last_run()
-
-
-def kill_tree(processes) -> list[int]:
-    """SIGKILL what is still ours (psutil checks PIDs were not reused); the PIDs that had to be killed."""
-    killed = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.is_running():
-                process.kill()
-                killed.append(process.pid)
-    psutil.wait_procs(list(processes), timeout=5)
-    return killed
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -339,73 +322,9 @@ MP_RESULT = {{"us_per_call_by_child": [_costs[i] for i in range(2)], "wall_s": _
 '''
 
 
-class Kernel:
-    """A python3 ipykernel and its client; ``close()`` shuts it down, bounded in time, and kills leftovers."""
-
-    def __init__(self, cwd: str, env: dict):
-        from jupyter_client import KernelManager
-
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(cwd=cwd, env=env)
-        self.process = psutil.Process(self.km.provisioner.process.pid)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=KERNEL_START_S)
-
-    def run(self, code: str, timeout: float = CELL_TIMEOUT_S) -> dict:
-        """Execute one cell: its reply, its stdout text and the seconds from execute to reply and to idle."""
-        import zmq
-
-        poller = zmq.Poller()
-        shell, iopub = self.kc.shell_channel.socket, self.kc.iopub_channel.socket
-        poller.register(shell, zmq.POLLIN)
-        poller.register(iopub, zmq.POLLIN)
-        start = time.perf_counter()
-        msg_id = self.kc.execute(code)
-        reply = reply_s = idle_s = None
-        stdout, stderr, messages = [], [], 0
-        deadline = time.monotonic() + timeout
-        while idle_s is None or reply is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.km.interrupt_kernel()
-                raise TimeoutError(f"cell did not finish within {timeout} s: {code[:80]!r}")
-            ready = dict(poller.poll(timeout=min(remaining, 1.0) * 1000))
-            if reply is None and shell in ready:
-                with contextlib.suppress(queue_module.Empty):
-                    message = self.kc.get_shell_msg(timeout=0)
-                    if message["parent_header"].get("msg_id") == msg_id:
-                        reply, reply_s = message, time.perf_counter() - start
-            if idle_s is None and iopub in ready:
-                try:
-                    message = self.kc.get_iopub_msg(timeout=0)
-                except queue_module.Empty:
-                    continue
-                if message["parent_header"].get("msg_id") != msg_id:
-                    continue
-                kind = message["msg_type"]
-                if kind == "stream":
-                    messages += 1
-                    (stdout if message["content"]["name"] == "stdout" else stderr).append(message["content"]["text"])
-                elif kind == "error":
-                    stderr.append("\n".join(message["content"]["traceback"]))
-                elif kind == "status" and message["content"]["execution_state"] == "idle":
-                    idle_s = time.perf_counter() - start
-        if reply["content"]["status"] != "ok":
-            raise RuntimeError(f"cell failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}\n"
-                               + "".join(stderr)[-3000:])
-        return {"reply_s": reply_s, "idle_s": idle_s, "stdout": "".join(stdout), "stderr": "".join(stderr),
-                "stream_messages": messages}
-
-    def close(self) -> list[int]:
-        descendants = []
-        with contextlib.suppress(psutil.Error):
-            descendants = self.process.children(recursive=True)
-        self.kc.stop_channels()
-        with contextlib.suppress(Exception):
-            self.km.shutdown_kernel(now=True)
-        _, alive = psutil.wait_procs([self.process], timeout=SHUTDOWN_S)
-        return kill_tree(alive + descendants)
+def stream_messages(cell: dict) -> int:
+    """How many stream messages the cell's output came in."""
+    return sum(1 for output in cell["outputs"] if output["msg_type"] == "stream")
 
 
 def count_baseline_lines(text: str, n: int) -> dict:
@@ -418,9 +337,7 @@ def count_baseline_lines(text: str, n: int) -> dict:
 
 
 def bench_in_kernel(directory: str, kernel_lines: int, print_lines: int) -> dict:
-    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": os.path.join(directory, "kernel-runs"),
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)}
-    kernel = Kernel(directory, env)
+    kernel = Kernel(directory, kernel_env(directory), cell_timeout_s=CELL_TIMEOUT_S)
     results: dict = {}
     try:
         kernel.run(SETUP_CELL)
@@ -434,7 +351,7 @@ def bench_in_kernel(directory: str, kernel_lines: int, print_lines: int) -> dict
             "lines_per_s_to_reply": NUM_RANKS * kernel_lines / cell["reply_s"],
             "lines_per_s_to_idle": NUM_RANKS * kernel_lines / cell["idle_s"],
             "us_per_call_by_rank": summary["us_per_call_by_rank"], "iopub_lines": arrived,
-            "iopub_stream_messages": cell["stream_messages"], "last_run_log_events": in_kernel,
+            "iopub_stream_messages": stream_messages(cell), "last_run_log_events": in_kernel,
             "events_dropped": summary["events_dropped"], "launch_duration_s": summary["duration_s"],
             "lost_iopub": lost(kernel_lines, arrived), "lost_last_run": lost(kernel_lines, in_kernel),
         }
@@ -461,13 +378,13 @@ def bench_in_kernel(directory: str, kernel_lines: int, print_lines: int) -> dict
             "lines_per_child": print_lines, "execute_to_reply_s": cell["reply_s"], "execute_to_idle_s": cell["idle_s"],
             "lines_per_s_to_idle": NUM_RANKS * print_lines / cell["idle_s"],
             "us_per_call_by_child": child["us_per_call_by_child"], "children_wall_s": child["wall_s"],
-            "exit_codes": child["exit_codes"], "iopub_stream_messages": cell["stream_messages"],
+            "exit_codes": child["exit_codes"], "iopub_stream_messages": stream_messages(cell),
             "iopub_lines": counted["arrived"], "whole_lines": counted["whole_lines"], "lost_iopub": counted["lost"],
         }
         log(f"  mp print in kernel: idle {cell['idle_s']:.2f} s, {child['us_per_call_by_child']} us/print, "
             f"IOPub {counted}")
     finally:
-        results["kernel_leftovers_killed"] = kernel.close()
+        results["kernel_leftovers_killed"] = kernel.close()["killed"]
     return results
 
 
@@ -482,13 +399,7 @@ def fmt(value, digits=1):
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def table(rows) -> str:
-    header = ("what (2 ranks)", "lines/rank", "us per call", "lines/s", "lost")
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    out = [" | ".join(str(h).ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
-    for row in rows:
-        out.append(" | ".join([str(row[0]).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(row[1:], widths[1:])]))
-    return "\n".join(out)
+TABLE_HEADER = ("what (2 ranks)", "lines/rank", "us per call", "lines/s", "lost")
 
 
 def main() -> int:
@@ -522,7 +433,7 @@ def main() -> int:
             log("a./b. in a real kernel")
             results["kernel"] = bench_in_kernel(directory, options.kernel_lines, options.print_lines)
     finally:
-        leftovers = kill_tree(psutil.Process().children(recursive=True))
+        leftovers = kill_all(psutil.Process().children(recursive=True), wait_s=KILL_WAIT_S)
         shutil.rmtree(directory, ignore_errors=True)
     results["leftover_children_killed"] = leftovers
     results["total_s"] = time.monotonic() - started
@@ -579,7 +490,7 @@ def main() -> int:
                            "lost_delivered": lost_delivered == AIM_LOST,
                            "lost_last_run_events": lost_in_memory == AIM_LOST}
 
-    print(table(rows))
+    print(table(TABLE_HEADER, rows))
     print()
     for name, value in ratios.items():
         print(f"{name:45s} {value:8.2f}x")
@@ -596,9 +507,7 @@ def main() -> int:
     if leftovers:
         print(f"warning: had to kill leftover child processes {leftovers}")
     print(f"total {results['total_s']:.0f} s")
-    os.makedirs(os.path.dirname(RESULTS_PATH), exist_ok=True)
-    with open(RESULTS_PATH, "w", encoding="utf-8") as out:
-        json.dump(results, out, indent=2, default=str)
+    write_json(RESULTS_PATH, results)
     print(f"wrote {os.path.relpath(RESULTS_PATH, ROOT)}")
     return 0
 

@@ -11,19 +11,15 @@ Run: ``.venv/bin/python benchmarks/oom_retry.py``. Aim: ≤ 0.2 s per retry. Wri
 
 import contextlib
 import io
-import json
 import os
 import statistics
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+import torch
+from common import HERE, write_json
 
-import torch  # noqa: E402
-
-from notebook_launcher import find_executable_batch_size, last_run, notebook_launcher  # noqa: E402
-from notebook_launcher.memory import memory_figures  # noqa: E402
+from notebook_launcher import find_executable_batch_size, last_run, notebook_launcher
+from notebook_launcher.memory import memory_figures
 
 MB = 2**20
 REPEATS = 5
@@ -96,9 +92,7 @@ def main():
     print(f"  run starting at 128 (two retries):       {result['with_two_retries_s']:.3f} s")
     print(f"  restart per retry (report -> running):   {result['restart_gap_per_retry_s'] * 1000:.1f} ms")
     print(f"  time lost per retry beyond the work:     {result['lost_per_retry_s'] * 1000:.1f} ms  (aim <= 200 ms)")
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as out:
-        json.dump(result, out, indent=2)
+    write_json(RESULTS, result)
     print(f"wrote {RESULTS}")
 
 

@@ -50,21 +50,28 @@ import io
 import json
 import os
 import platform
-import queue as queue_module
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
 import psutil
+from common import (
+    HERE,
+    KILL_WAIT_S,
+    ROOT,
+    Kernel,
+    fmt_ratio,
+    kernel_env,
+    kill_all,
+    log,
+    median,
+    ratio,
+    table,
+    write_json,
+)
 
 import notebook_launcher as nl_pkg
 from notebook_launcher.display.panel import MAX_UPDATES_PER_S, PanelDisplay
@@ -82,10 +89,8 @@ NUM_RANKS = 2
 REPORT_EVERY = 10
 DISPLAYS = ("panel", "text")
 OUTPUT_TYPES = ("stream", "display_data", "update_display_data")
-KERNEL_START_S = 60
 CELL_TIMEOUT_S = 180
 LAUNCH_TIMEOUT_S = 150  # notebook_launcher(timeout=...): a hung launch is stopped, never waited on forever
-SHUTDOWN_S = 15
 BUNDLE_RANKS = (2, 8)
 FEED_PER_RANK = 250  # > LINES_PER_RANK and HISTORY_POINTS: full columns, full charts
 LINE_RE = re.compile(r"^\[rank (\d+)\] line (\d+) of rank (\d+): loss [0-9.]+$", re.MULTILINE)
@@ -93,26 +98,6 @@ LINE_RE = re.compile(r"^\[rank (\d+)\] line (\d+) of rank (\d+): loss [0-9.]+$",
 
 def line_text(i: int, rank: int) -> str:
     return f"line {i} of rank {rank}: loss {1.0 / (i + 1):.6f}"
-
-
-def median(values):
-    return statistics.median(values) if values else None
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def kill_tree(processes) -> list[int]:
-    """SIGKILL what is still ours (psutil checks PIDs were not reused); the PIDs that had to be killed."""
-    killed = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.is_running():
-                process.kill()
-                killed.append(process.pid)
-    psutil.wait_procs(list(processes), timeout=5)
-    return killed
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -167,82 +152,22 @@ LAUNCH_CELL = ("notebook_launcher(work, args=({n}, {every}, {quiet}), num_proces
 SUMMARY_CELL = "print(json.dumps(run_summary({n})))"
 
 
-class Kernel:
-    """A python3 ipykernel and its client; ``close()`` shuts it down, bounded in time, and kills leftovers."""
-
-    def __init__(self, cwd: str, env: dict):
-        from jupyter_client import KernelManager
-
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(cwd=cwd, env=env)
-        self.process = psutil.Process(self.km.provisioner.process.pid)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=KERNEL_START_S)
-
-    def run(self, code: str, timeout: float = CELL_TIMEOUT_S) -> dict:
-        """Execute one cell: the seconds from execute to reply and to idle, its output messages, its stdout."""
-        import zmq
-
-        poller = zmq.Poller()
-        shell, iopub = self.kc.shell_channel.socket, self.kc.iopub_channel.socket
-        poller.register(shell, zmq.POLLIN)
-        poller.register(iopub, zmq.POLLIN)
-        start = time.perf_counter()
-        msg_id = self.kc.execute(code)
-        reply = reply_s = idle_s = None
-        counts, sizes = Counter(), Counter()
-        stdout, stderr, last_display, timeline = [], [], None, []
-        deadline = time.monotonic() + timeout
-        while idle_s is None or reply is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.km.interrupt_kernel()
-                raise TimeoutError(f"cell did not finish within {timeout} s: {code[:80]!r}")
-            ready = dict(poller.poll(timeout=min(remaining, 1.0) * 1000))
-            if reply is None and shell in ready:
-                with contextlib.suppress(queue_module.Empty):
-                    message = self.kc.get_shell_msg(timeout=0)
-                    if message["parent_header"].get("msg_id") == msg_id:
-                        reply, reply_s = message, time.perf_counter() - start
-            if idle_s is None and iopub in ready:
-                try:
-                    message = self.kc.get_iopub_msg(timeout=0)
-                except queue_module.Empty:
-                    continue
-                if message["parent_header"].get("msg_id") != msg_id:
-                    continue
-                kind, content = message["msg_type"], message["content"]
-                if kind in OUTPUT_TYPES:
-                    size = len(json.dumps(content))
-                    counts[kind] += 1
-                    sizes[kind] += size
-                    timeline.append((round(time.perf_counter() - start, 4), kind, size))
-                if kind == "stream":
-                    (stdout if content["name"] == "stdout" else stderr).append(content["text"])
-                elif kind in ("display_data", "update_display_data") and MIME_TYPE in content.get("data", {}):
-                    last_display = content["data"][MIME_TYPE]
-                elif kind == "error":
-                    stderr.append("\n".join(content["traceback"]))
-                elif kind == "status" and content["execution_state"] == "idle":
-                    idle_s = time.perf_counter() - start
-        if reply["content"]["status"] != "ok":
-            raise RuntimeError(f"cell failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}\n"
-                               + "".join(stderr)[-3000:])
-        return {"reply_s": reply_s, "idle_s": idle_s, "messages": dict(counts), "bytes": dict(sizes),
-                "stdout": "".join(stdout), "stderr": "".join(stderr), "last_state": last_display,
-                "timeline": timeline}
-
-    def close(self) -> dict:
-        descendants = []
-        with contextlib.suppress(psutil.Error):
-            descendants = self.process.children(recursive=True)
-        self.kc.stop_channels()
-        with contextlib.suppress(Exception):
-            self.km.shutdown_kernel(now=True)
-        gone, alive = psutil.wait_procs([self.process], timeout=SHUTDOWN_S)
-        killed = kill_tree(alive + descendants)
-        return {"kernel_gone": not self.process.is_running() or bool(gone), "killed": killed}
+def output_counts(cell: dict) -> dict:
+    """What the frontend got from one cell: its output messages (OUTPUT_TYPES) counted and their JSON bytes summed
+    by type, the panel's last state (the last display message's MIME_TYPE data, None without one), and the timeline
+    [(seconds since execute, type, bytes), ...]."""
+    counts, sizes, timeline, last_state = Counter(), Counter(), [], None
+    for output in cell["outputs"]:
+        kind, content = output["msg_type"], output["content"]
+        if kind not in OUTPUT_TYPES:
+            continue
+        size = len(json.dumps(content))
+        counts[kind] += 1
+        sizes[kind] += size
+        timeline.append((round(output["t"], 4), kind, size))
+        if kind in ("display_data", "update_display_data") and MIME_TYPE in content.get("data", {}):
+            last_state = content["data"][MIME_TYPE]
+    return {"messages": dict(counts), "bytes": dict(sizes), "last_state": last_state, "timeline": timeline}
 
 
 def check_panel(n: int, state: dict | None, summary: dict) -> dict:
@@ -294,10 +219,9 @@ def scenario(n: int, quiet: float) -> str:
 
 
 def bench_in_kernel(directory: str, lines: list[int], reps: int, quiet: float) -> dict:
-    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": os.path.join(directory, "kernel-runs"),
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+    env = kernel_env(directory)
     env.pop("NOTEBOOK_LAUNCHER_DISPLAY", None)
-    kernel = Kernel(directory, env)
+    kernel = Kernel(directory, env, cell_timeout_s=CELL_TIMEOUT_S)
     cases = [(n, 0.0) for n in lines] + ([(min(lines), quiet)] if quiet else [])
     combos = [(n, q, display) for n, q in cases for display in DISPLAYS]
     samples = {f"{display}/{scenario(n, q)}": [] for n, q, display in combos}
@@ -308,6 +232,7 @@ def bench_in_kernel(directory: str, lines: list[int], reps: int, quiet: float) -
             for n, q, display in combos[shift:] + combos[:shift]:
                 cell = kernel.run(LAUNCH_CELL.format(n=n, every=REPORT_EVERY, quiet=q, display=display,
                                                      timeout=LAUNCH_TIMEOUT_S))
+                cell.update(output_counts(cell))
                 summary = json.loads(kernel.run(SUMMARY_CELL.format(n=n))["stdout"])
                 check = check_panel(n, cell["last_state"], summary) if display == "panel" else check_text(
                     n, cell["stdout"])
@@ -344,7 +269,7 @@ def bench_in_kernel(directory: str, lines: list[int], reps: int, quiet: float) -
         if samples[f"panel/{scenario(n, q)}"]:
             row["panel"]["final_ranks_last_rep"] = samples[f"panel/{scenario(n, q)}"][-1]["check"]["ranks"]
         row["ratios_panel_over_text"] = {
-            key: (row["panel"][key] / row["text"][key]) if row["text"][key] else None
+            key: ratio(row["panel"][key], row["text"][key])
             for key in ("execute_to_reply_s", "execute_to_idle_s", "launch_duration_s", "messages_total",
                         "bytes_total")}
         if q:  # output messages sent while nothing happened: from the time the same run without the quiet
@@ -365,9 +290,7 @@ def bench_in_kernel(directory: str, lines: list[int], reps: int, quiet: float) -
 
 def profile_in_kernel(directory: str, n: int) -> dict:
     """cProfile of the launching cell (the thread that runs the display) for one panel and one text launch."""
-    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": os.path.join(directory, "kernel-runs"),
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)}
-    kernel = Kernel(directory, env)
+    kernel = Kernel(directory, kernel_env(directory), cell_timeout_s=CELL_TIMEOUT_S)
     out = {}
     try:
         kernel.run(SETUP_CELL + "\nimport cProfile, io, pstats\n")
@@ -500,18 +423,6 @@ def bench_micro(events_per_sample: int, reps: int, bundle_reps: int) -> dict:
 # --------------------------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------------------------
-def table(header, rows) -> str:
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    out = [" | ".join(str(h).ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
-    for row in rows:
-        out.append(" | ".join([str(row[0]).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(row[1:], widths[1:])]))
-    return "\n".join(out)
-
-
-def ratio(value) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", default="2000,20000", help="lines per rank, comma-separated (in the kernel)")
@@ -549,7 +460,7 @@ def main() -> int:
                 log("cProfile of the launching cell")
                 results["profile"] = profile_in_kernel(directory, max(lines))
     finally:
-        leftovers = kill_tree(psutil.Process().children(recursive=True))
+        leftovers = kill_all(psutil.Process().children(recursive=True), wait_s=KILL_WAIT_S)
         shutil.rmtree(directory, ignore_errors=True)
     results["leftover_children_killed"] = leftovers
     results["temp_dir_removed"] = not os.path.exists(directory)
@@ -567,7 +478,7 @@ def main() -> int:
                                      ("IOPub output messages", "messages_total", "{:.0f}"),
                                      ("IOPub output KB", "bytes_total", None)):
                 fmt = (lambda v: f"{v / 1024:,.0f}") if form is None else form.format
-                rows.append((f"{name}: {label}", fmt(panel[key]), fmt(text[key]), ratio(ratios[key])))
+                rows.append((f"{name}: {label}", fmt(panel[key]), fmt(text[key]), fmt_ratio(ratios[key], "-")))
             by_type = ", ".join(f"{t} {panel['messages_by_type'][t]:.0f}" for t in OUTPUT_TYPES
                                 if panel["messages_by_type"][t])
             final = panel.get("final_ranks_last_rep", {})
@@ -590,7 +501,7 @@ def main() -> int:
     micro = results["micro"]
     rows = [("RunState.observe, stream event (us)", f"{micro['observe_stream_us']:.2f}"),
             ("TextDisplay.show, stream event -> StringIO (us)", f"{micro['text_show_stream_us']:.2f}"),
-            ("observe / show", ratio(micro["observe_over_text_show"])),
+            ("observe / show", fmt_ratio(micro["observe_over_text_show"], "-")),
             ("RunState.observe, progress event (us)", f"{micro['observe_progress_us']:.2f}")]
     for ranks, bundle in micro["bundle"].items():
         parts = f"to_json {bundle['to_json_ms']:.2f} + html {bundle['html_ms']:.2f} + text {bundle['text_ms']:.2f}"
@@ -613,9 +524,7 @@ def main() -> int:
         print("warning: the kernel did not exit by itself")
     print(f"\nload average {results['machine']['load_average_start'][0]:.2f} -> "
           f"{results['machine']['load_average_end'][0]:.2f}; total {results['total_s']:.0f} s")
-    os.makedirs(os.path.dirname(RESULTS_PATH), exist_ok=True)
-    with open(RESULTS_PATH, "w", encoding="utf-8") as out:
-        json.dump(results, out, indent=2, default=str)
+    write_json(RESULTS_PATH, results)
     print(f"wrote {os.path.relpath(RESULTS_PATH, ROOT)}")
     return 0
 
