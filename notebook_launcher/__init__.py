@@ -5,7 +5,7 @@
 """
 
 from .doctor import doctor, env_report, same_effective_batch, set_seed
-from .failure import LaunchTimeoutError, RankFailedError
+from .failure import LaunchTimeoutError, RankFailedError, ResultUnavailableError
 from .launcher import Run, last_run, notebook_launcher
 from .logging import get_logger
 from .memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
@@ -21,6 +21,7 @@ __all__ = [
     "LaunchArgumentError",
     "LaunchTimeoutError",
     "RankFailedError",
+    "ResultUnavailableError",
     "check_trigger",
     "doctor",
     "env_report",

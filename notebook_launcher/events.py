@@ -53,7 +53,6 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 SCHEMA_VERSION = 1
 TRUE_VALUES = ("1", "true", "yes", "on", "y", "t")  # how Accelerate reads a flag such as ACCELERATE_DEBUG_MODE
@@ -72,6 +71,8 @@ BATCH_SIZE = "batch_size"
 OUTPUT = "output"
 OOM_RETRY = "oom_retry"
 PROGRESS = "progress"
+TRUNCATED_EVENT = "TruncatedEvent"  # a failure the kernel makes: an event cut short by the worker's death
+CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes on an event pipe that are no event
 
 
 @dataclass
@@ -141,6 +142,18 @@ class EventWriter:
                 frame = _shrink_to_pipe_buf(self.rank, self._seq, kind, data or {})
             write_all(self.fd, frame)
 
+    def emit_parts(self, kind: str, data: dict, parts: list) -> None:
+        """One event whose attachment is several buffers, written one after the other without joining them (a
+        large result: its tensors' memory goes to the pipe as it is)."""
+        with self._lock:
+            self._seq += 1
+            size = sum(memoryview(part).nbytes for part in parts)
+            header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": self._seq,
+                                    "time": time.monotonic(), "kind": kind, "data": data})
+            write_all(self.fd, _FRAME_HEADER.pack(len(header), size) + header)
+            for part in parts:
+                write_all(self.fd, part)
+
 
 def _shrink_to_pipe_buf(rank: int, seq: int, kind: str, data: dict) -> bytes:
     """A descendant's frame cut to one atomic write: long text fields are shortened (no attachment)."""
@@ -156,54 +169,166 @@ def _shrink_to_pipe_buf(rank: int, seq: int, kind: str, data: dict) -> bytes:
         limit //= 2
 
 
+MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
+
+
+class CorruptFrame(ValueError):
+    """Bytes on an event pipe that are not a frame of this schema (a bad length, header or data)."""
+
+
 class FrameDecoder:
-    """Kernel side: turns bytes read from an event pipe into (header, attachment) pairs."""
+    """Kernel side: turns bytes read from an event pipe into (header, attachment) pairs.
 
-    def __init__(self):
+    Everything read is untrusted: a frame whose lengths, header or data do not fit the schema raises
+    ``CorruptFrame`` (and the decoder takes nothing more), never another exception. A header is checked as soon
+    as it is complete, before its attachment arrives; an attachment is read into the buffers that ``sinks``
+    gives for it (by default one bytearray), so a large result is copied once, not grown and copied again.
+    """
+
+    def __init__(self, sinks=None):
         self._buffer = bytearray()
+        self._sinks = sinks or _one_bytearray
+        self._header: dict | None = None  # a checked header whose attachment is still arriving
+        self._parts: list = []  # writable memoryviews the attachment fills, in order
+        self._filling = 0  # index into _parts
+        self._filled = 0  # bytes written into _parts[_filling]
+        self._attachment = None
+        self._pending = 0  # attachment bytes still to come
+        self.broken = False
 
-    def feed(self, chunk: bytes) -> list[tuple[dict, bytes]]:
-        self._buffer += chunk
+    def feed(self, chunk: bytes) -> list[tuple[dict, object]]:
+        if self.broken:
+            return []
         frames = []
-        while len(self._buffer) >= _FRAME_HEADER.size:
-            header_len, attachment_len = _FRAME_HEADER.unpack_from(self._buffer)
-            end = _FRAME_HEADER.size + header_len + attachment_len
-            if len(self._buffer) < end:
-                break
-            view = memoryview(self._buffer)
-            header = marshal.loads(view[_FRAME_HEADER.size:_FRAME_HEADER.size + header_len])
-            attachment = bytes(view[_FRAME_HEADER.size + header_len:end])
-            view.release()
-            del self._buffer[:end]
-            frames.append((header, attachment))
+        view = memoryview(chunk)
+        try:
+            while True:
+                if self._header is not None:
+                    view = self._fill(view)
+                    if self._pending:
+                        break
+                    frames.append((self._header, self._attachment))
+                    self._header, self._attachment, self._parts = None, None, []
+                    continue
+                if view.nbytes:
+                    self._buffer += view
+                    view = view[view.nbytes:]
+                if not self._next_header():
+                    break
+        except CorruptFrame:
+            self.broken = True
+            self.discard()
+            raise
         return frames
+
+    def _next_header(self) -> bool:
+        """Take one header off the buffer once it is complete; False while it is not."""
+        if len(self._buffer) < _FRAME_HEADER.size:
+            return False
+        header_len, attachment_len = _FRAME_HEADER.unpack_from(self._buffer)
+        if not 0 < header_len <= MAX_HEADER_BYTES:
+            raise CorruptFrame(f"a frame header of {header_len} bytes")
+        end = _FRAME_HEADER.size + header_len
+        if len(self._buffer) < end:
+            return False
+        try:
+            header = marshal.loads(bytes(self._buffer[_FRAME_HEADER.size:end]))
+        except (ValueError, EOFError, TypeError) as exc:
+            raise CorruptFrame(f"an undecodable frame header ({exc})") from None
+        check_header(header, attachment_len)
+        rest = self._buffer[end:]
+        self._buffer.clear()
+        self._header, self._pending = header, attachment_len
+        try:
+            self._attachment, self._parts = self._sinks(header, attachment_len) if attachment_len else (b"", [])
+        except (MemoryError, RuntimeError, OverflowError) as exc:
+            raise CorruptFrame(f"no room for an attachment of {attachment_len} bytes ({exc})") from None
+        self._filling = self._filled = 0
+        if sum(part.nbytes for part in self._parts) != attachment_len:
+            raise CorruptFrame(f"an attachment of {attachment_len} bytes that does not match its header")
+        self._fill(memoryview(rest))  # what came with the header (the buffer is empty from here on)
+        return True
+
+    def _fill(self, view: memoryview) -> memoryview:
+        """Copy bytes of the current attachment from ``view``; what is left of ``view`` goes to the buffer."""
+        while self._pending and view.nbytes:
+            part = self._parts[self._filling]
+            take = min(part.nbytes - self._filled, view.nbytes)
+            part[self._filled:self._filled + take] = view[:take]
+            view = view[take:]
+            self._filled += take
+            self._pending -= take
+            if self._filled == part.nbytes:
+                self._filling, self._filled = self._filling + 1, 0
+        if not self._pending and view.nbytes and self._header is not None:
+            self._buffer += view  # the next frames (the caller's loop takes them)
+            view = view[view.nbytes:]
+        return view
 
     def discard(self) -> None:
         self._buffer.clear()
+        self._header, self._attachment, self._parts, self._pending = None, None, [], 0
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame (non-zero at EOF means the writer died mid-frame)."""
-        return len(self._buffer)
+        return len(self._buffer) + (self._pending if self._header is not None else 0)
+
+
+def _one_bytearray(header: dict, length: int):
+    buffer = bytearray(length)
+    return buffer, [memoryview(buffer)] if length else []
+
+
+_HEADER_TYPES = {"rank": int, "seq": int, "kind": str, "data": dict}
+
+
+def check_header(header, attachment_len: int) -> None:
+    """What the kernel relies on in a header: a dict with an int rank and seq, a number time, a str kind, a
+    dict of data; and an attachment only where the schema has one (a result, of the size it says)."""
+    if not isinstance(header, dict):
+        raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")
+    for key, expected in _HEADER_TYPES.items():
+        if not isinstance(header.get(key), expected) or isinstance(header.get(key), bool):
+            raise CorruptFrame(f"a frame header whose {key!r} is {type(header.get(key)).__name__}")
+    if not isinstance(header.get("time"), (int, float)):
+        raise CorruptFrame(f"a frame header whose 'time' is {type(header.get('time')).__name__}")
+    if attachment_len and header["kind"] != RESULT:
+        raise CorruptFrame(f"an attachment of {attachment_len} bytes on a {header['kind']!r} event")
+    if header["kind"] == RESULT and header["data"].get("attachment_bytes", attachment_len) != attachment_len:
+        raise CorruptFrame(f"a result whose attachment is {attachment_len} bytes, not the "
+                           f"{header['data'].get('attachment_bytes')} it says")
 
 
 class LineSplitter:
     """Kernel side: turns bytes read from a worker's fd 1/2 pipe into whole lines, never gluing two writes of
-    different ranks (each rank has its own pipe and its own splitter)."""
+    different ranks (each rank has its own pipe and its own splitter).
+
+    A line is kept whole up to ``MAX_LINE_BYTES``; a longer one is passed on in pieces of that size, each but the
+    last ending with ``LINE_CONTINUES`` (memory stays bounded whatever a rank prints without a newline)."""
+
+    MAX_LINE_BYTES = 8 * 2**20
+    LINE_CONTINUES = " [line continues]"
 
     def __init__(self):
         self._partial = b""
         self._last_redraw = b""
-
-    MAX_LINE_BYTES = 64 * 1024  # a longer unfinished line (a progress bar redrawn with \r) is shown in pieces
+        self._continued = False  # the last piece passed on was cut from a line that has not ended yet
 
     def feed(self, chunk: bytes) -> list[str]:
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")
-        if len(self._partial) > self.MAX_LINE_BYTES:
-            lines.append(self._partial)
-            self._partial = b""
-        return [_decode_line(line) for line in lines]
+        if lines and self._continued:
+            self._continued = False
+            if not lines[0]:
+                lines.pop(0)  # the newline that ends a line already passed on in pieces
+        decoded = [_decode_line(line) for line in lines]
+        while len(self._partial) > self.MAX_LINE_BYTES:
+            cut = _utf8_boundary(self._partial, self.MAX_LINE_BYTES)
+            decoded.append(_decode_line(self._partial[:cut]) + self.LINE_CONTINUES)
+            self._partial = self._partial[cut:]
+            self._continued = True
+        return decoded
 
     def redraw(self) -> str | None:
         """The newest state of an unfinished line that redraws itself with ``\r`` (a tqdm bar), once per change.
@@ -226,18 +351,25 @@ class LineSplitter:
         return [_decode_line(rest)] if rest else []
 
 
+def _utf8_boundary(data: bytes, at: int) -> int:
+    """``at``, moved back to the start of a UTF-8 character (never cut one in two)."""
+    for back in range(4):
+        if at - back > 0 and data[at - back] & 0xC0 != 0x80:
+            return at - back
+    return at
+
+
 def _decode_line(raw: bytes) -> str:
     """A line as a terminal shows it: what follows its last carriage return."""
     return raw.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", errors="replace")
 
 
-def event_from_frame(header: dict, attachment: bytes, seq: int) -> Event:
-    """Rebuild an event from a decoded frame; the kernel assigns its own per-rank sequence number."""
-    data: Any = header.get("data") or {}
-    data = dict(data)
-    data.setdefault("worker_seq", header.get("seq"))
-    return Event(rank=int(header["rank"]), seq=seq, time=float(header["time"]), kind=str(header["kind"]),
-                 data=data, attachment=attachment)
+def event_from_frame(header: dict, attachment, seq: int) -> Event:
+    """Rebuild an event from a decoded (and checked) frame; the kernel assigns its own per-rank sequence number."""
+    data = dict(header["data"])
+    data.setdefault("worker_seq", header["seq"])
+    return Event(rank=header["rank"], seq=seq, time=float(header["time"]), kind=header["kind"], data=data,
+                 attachment=attachment if attachment is not None else b"")
 
 
 @dataclass
@@ -267,6 +399,7 @@ class WorkerSpec:
     progress_path: str = ""  # the rank's progress record (see ProgressRecord)
     memory_limit: int = 0  # bytes of address space the worker may use (RLIMIT_AS); 0: no limit
     explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
+    results: str = "auto"  # which ranks send their return value (see results.py)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -293,25 +426,25 @@ def runs_root() -> str:
 class RunLog:
     """One private directory per run: ``events.jsonl`` (every event, as it arrives) and ``run.json`` (summary).
 
-    Only the newest ``KEEP_RUNS`` run directories are kept.
+    Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``_prune``).
     """
 
     _FLUSH_EVERY_S = 0.5
 
     def __init__(self, root: str | None = None):
         root = root or runs_root()
-        try:
-            os.makedirs(root, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot create the run log folder {root} ({exc.strerror}); set "
-                          f"{RUNS_DIR_ENV_VAR} to a writable folder") from exc
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}"
         self.path = os.path.join(root, self.run_id)
-        os.mkdir(self.path, mode=0o700)
-        self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            os.mkdir(self.path, mode=0o700)
+            self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write the run log in {root} ({exc.strerror or exc}): set "
+                          f"{RUNS_DIR_ENV_VAR} to a folder you can write to") from exc
         self._last_flush = time.monotonic()
-        _prune(root, keep=KEEP_RUNS)
+        _prune(root, keep=KEEP_RUNS, current=self.run_id)
 
     def write(self, event: Event) -> None:
         self._events.write(json.dumps(event.to_json(), default=str) + "\n")
@@ -338,14 +471,47 @@ def read_run_log(path: str) -> list[dict]:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def _prune(root: str, keep: int) -> None:
+PRUNE_MIN_AGE_S = 600  # a run folder younger than this is never pruned (it may belong to a run in progress)
+
+
+def _prune(root: str, keep: int, current: str = "") -> None:
+    """Keep the ``keep`` newest run folders, newest by the time they last changed (not by the stamp in their name,
+    which another kernel's time zone or a clock set back can put in the future). Never removed: the current run,
+    any folder changed in the last ``PRUNE_MIN_AGE_S`` seconds, and a folder without its summary whose kernel
+    (the pid in its name) is still alive on this machine: those may be runs still going on."""
+    now = time.time()
+    candidates = []
     try:
-        runs = sorted(entry for entry in os.listdir(root)
-                      if _RUN_ID.fullmatch(entry) and os.path.isdir(os.path.join(root, entry)))
+        entries = os.listdir(root)
     except OSError:
-        return  # only our own run directories are ever removed, whatever else lives in that folder
-    for old in runs[:-keep]:
+        return
+    for entry in entries:  # only our own run directories are ever removed, whatever else lives in that folder
+        path = os.path.join(root, entry)
+        if entry == current or not _RUN_ID.fullmatch(entry):
+            continue
+        try:
+            changed = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if not os.path.isdir(path) or now - changed < PRUNE_MIN_AGE_S or _maybe_in_progress(entry, path):
+            continue
+        candidates.append((changed, entry))
+    candidates.sort()
+    for _, old in candidates[:max(0, len(candidates) - keep)]:
         shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+
+
+def _maybe_in_progress(run_id: str, path: str) -> bool:
+    if os.path.exists(os.path.join(path, "run.json")):
+        return False
+    pid = int(run_id.split("-")[2])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (owned by someone else)
+    return True
 
 
 class ProgressRecord:
@@ -462,7 +628,10 @@ class SignedFrameReader:
             if not hmac.compare_digest(mac, expected):
                 raise UnverifiedStream(f"frame {self._counter} is not signed with this run's secret")
             del self._buffer[:prefix + length]
-            decoded = FrameDecoder().feed(frame)
+            try:
+                decoded = FrameDecoder().feed(frame)
+            except CorruptFrame as exc:
+                raise UnverifiedStream(f"frame {self._counter} is not an event: {exc}") from None
             if len(decoded) != 1:
                 raise UnverifiedStream(f"frame {self._counter} is not one event")
             frames.append(decoded[0])

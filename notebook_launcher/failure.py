@@ -13,7 +13,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from .events import EXIT, FAILURE, STATUS, STREAM, Event
+from .events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
 
 _LOST_PEER = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -22,7 +22,6 @@ _LOST_PEER = re.compile(
     re.IGNORECASE,
 )
 LONG_WAIT_S = 2.0  # at a timeout, a rank in a collective for this long counts as waiting, not passing through
-TRUNCATED_EVENT = "TruncatedEvent"  # what the supervisor calls an event cut short by the worker's death
 _CONTEXT_LINES = 30
 _MAX_CRASH_LINES = 120
 _STDERR_KEPT = 2000  # per rank: enough for faulthandler's dump of every thread
@@ -169,6 +168,18 @@ class LaunchTimeoutError(TimeoutError):
     def __init__(self, message: str, run):
         super().__init__(message)
         self.run = run
+
+
+class ResultUnavailableError(RuntimeError):
+    """Every rank finished, but a return value could not be rebuilt in the kernel (unpickling it failed, e.g. its
+    class exists only in the worker). Attributes: ``rank``, ``type`` (the value's type name), ``reason``, ``run``
+    (the Run; the other ranks' results are in ``run.results``)."""
+
+    def __init__(self, rank: int, type_name: str, reason: str, run):
+        super().__init__(f"rank {rank} finished, but its return value (a {type_name}) could not be rebuilt in the "
+                         f"kernel: {reason}. Return plain data (tensors, numbers, dicts, a state_dict), or types "
+                         f"importable in the notebook.")
+        self.rank, self.type, self.reason, self.run = rank, type_name, reason, run
 
 
 def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracker: FailureTracker,

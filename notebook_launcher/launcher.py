@@ -17,8 +17,8 @@ from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, 
 from .ordering import InOrderRelease
 from .rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from .cluster import STOP_GRACE_S, Cluster, HostFailedError, resolve_hosts
-from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, failure_message,
-                      hang_message, root_cause)
+from .failure import (FailureTracker, LaunchTimeoutError, RankFailedError, RankFailure, ResultUnavailableError,
+                      failure_message, hang_message, root_cause)
 from .supervisor import Supervisor
 
 _MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
@@ -44,6 +44,8 @@ class Run:
     world_size: int
     status: str = "starting"  # starting | running | finished | failed | timed out | hung | interrupted
     results: dict = dataclasses.field(default_factory=dict)
+    results_left_out: dict = dataclasses.field(default_factory=dict)  # rank -> why its result did not travel
+    results_unavailable: dict = dataclasses.field(default_factory=dict)  # rank -> (type, why it could not be rebuilt)
     exit_codes: dict = dataclasses.field(default_factory=dict)
     failures: dict = dataclasses.field(default_factory=dict)
     root_cause: RankFailure | None = None
@@ -103,7 +105,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, start_method="auto", device="auto", backend="auto",
                       timeout=None, debug=None, config_file=None, memory_limit=None, display="auto", hosts=None,
-                      hostfile=None, ssh_options=None, start_hosts_with="ssh", mpirun_options=None):
+                      hostfile=None, ssh_options=None, start_hosts_with="ssh", mpirun_options=None, results="auto"):
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
 
     Accelerate-compatible: every keyword up to ``log_line_prefix_template`` means what it means in
@@ -123,6 +125,10 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
       ``ACCELERATE_CONFIG_FILE``, else Accelerate's default config file); False turns it off whatever they say.
     - ``memory_limit``: bytes (or "3GB") of address space per worker: a worker over it fails with a clear
       out-of-memory error (and ``find_executable_batch_size`` retries smaller, all ranks together).
+    - ``results``: which return values come back to the kernel: ``"auto"`` (rank 0's, and every other rank's
+      that pickles to 64 MB or less), ``"all"``, or ``"rank0"`` (only rank 0's: the others are never sent).
+      ``last_run().results`` holds them by rank and ``last_run().results_left_out`` says which were not sent. A
+      value that cannot be rebuilt in the kernel raises ``ResultUnavailableError`` once the run is over.
     - ``display``: ``"auto"`` shows the live run panel in a Jupyter kernel (one output, updated while the run
       goes on: a column per rank, progress from ``report()`` or tqdm, shape-mismatch cards, out-of-memory
       retries, the root cause first; saved with the notebook) and prefixed text lines elsewhere. ``"panel"`` or
@@ -168,11 +174,11 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
     hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with, mpirun_options)
     if hosts:
-        num_nodes, master_addr = len(hosts), hosts[0]
+        num_nodes, master_addr = len(hosts), hosts[0].rpartition("@")[2]
     plan = planning.make_plan(
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
-        start_method, device, backend, timeout, debug, config_file, memory_limit)
+        start_method, device, backend, timeout, debug, config_file, memory_limit, results)
     payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers or hosts else b""
     log = RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
@@ -224,11 +230,15 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
             run.panel_state = panel.finish(run.status, result_type=type(run.result(0)).__name__ if finished else None,
                                            failure=interrupted if run.status == "interrupted" else None)
         run.duration = time.monotonic() - started
-        payload_file = log.file("payload.pkl")
-        if os.path.exists(payload_file):
-            os.remove(payload_file)
-        log.write_summary(run.summary())
-        log.close()
+        try:  # the run log is the record, not the result: a folder removed under us must not hide the outcome
+            payload_file = log.file("payload.pkl")
+            if os.path.exists(payload_file):
+                os.remove(payload_file)
+            log.write_summary(run.summary())
+        except OSError as exc:
+            display.note(f"warning: could not write the run's summary in {run.run_dir} ({exc})")
+        finally:
+            log.close()
 
 
 def _run_workers(plan, run: Run, log: RunLog, display, payload: bytes):
@@ -256,6 +266,8 @@ def _event_handler(run: Run, log: RunLog, current):
     def on_event(event: Event) -> None:
         if event.kind == STREAM and event.data.get("redraw"):
             pass  # a progress bar's passing state: in the run log and the panel only
+        elif event.kind == RESULT:
+            run.events.append(dataclasses.replace(event, attachment=b""))  # the value itself is in run.results
         elif event.kind not in (STREAM, LOG) or len(run.events) < _MAX_EVENTS_IN_MEMORY:
             run.events.append(event)
         else:
@@ -264,12 +276,24 @@ def _event_handler(run: Run, log: RunLog, current):
         current.tracker.observe(event)
         current.in_order.push(event)
         if event.kind == RESULT:
-            run.results[event.rank] = _unpickle_result(event)
+            _receive_result(run, event)
         elif event.kind == BATCH_SIZE:
             run.batch_sizes[event.data["key"]] = event.data["batch_size"]
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
     return on_event
+
+
+def _receive_result(run: Run, event: Event) -> None:
+    from .results import unpack_result
+
+    if event.data.get("kept") is False:
+        run.results_left_out[event.rank] = event.data.get("reason", "")
+        return
+    try:
+        run.results[event.rank] = unpack_result(event.data, event.attachment)
+    except Exception as exc:  # noqa: BLE001 - keep supervising; the launch raises it once every rank is done
+        run.results_unavailable[event.rank] = (str(event.data.get("type")), f"{type(exc).__name__}: {exc}")
 
 
 @dataclasses.dataclass
@@ -449,8 +473,12 @@ def _warn_old_kernel_once(display: TextDisplay) -> None:
 
 
 def _finished(run: Run, display):
-    run.status = "finished"
     run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
+    if run.results_unavailable:
+        run.status = "failed"
+        rank, (type_name, reason) = min(run.results_unavailable.items())
+        raise ResultUnavailableError(rank, type_name, reason, run)
+    run.status = "finished"
     if run.oom_retries:
         display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
     return run.result(0)
@@ -480,20 +508,6 @@ def _agreed_retry(failures: dict) -> dict:
     reports = {rank: failure.oom_retry for rank, failure in failures.items() if failure.oom_retry}
     first = min(reports.items(), key=lambda item: item[1]["new_batch_size"])[1]
     return {**first, "ranks": sorted(reports), "new_batch_size": min(r["new_batch_size"] for r in reports.values())}
-
-
-def _unpickle_result(event: Event):
-    import cloudpickle
-
-    try:
-        return cloudpickle.loads(event.attachment)
-    except Exception as exc:  # noqa: BLE001 - keep supervising; say what could not come back
-        return ResultUnavailable(f"rank {event.rank}'s return value (a {event.data.get('type')}) could not be "
-                                 f"unpickled in the kernel: {type(exc).__name__}: {exc}")
-
-
-class ResultUnavailable(str):
-    """Stands in for a rank's return value that the kernel could not unpickle; the text says why."""
 
 
 def _run_in_kernel(plan, run: Run):

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from .events import TRUE_VALUES
+from .results import RESULT_CHOICES
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHOD_CHOICES = ("auto", "fork", "spawn")
@@ -23,6 +24,9 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda", "xla")
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "mpi", "ucc", "xccl")
 RDZV_BACKEND_CHOICES = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_PREFIX_TEMPLATE = "[rank ${rank}] "
+MAX_MONITOR_INTERVAL_S = 60
+MAX_RANKS_PER_CORE = 8  # CPU ranks beyond this are refused: each is a process with torch loaded
+FDS_PER_RANK = 8  # the kernel's descriptors per rank while it starts (3 pipes, both ends) and after (+ pidfd)
 
 # Libraries whose import is known to initialize CUDA in the importing process (so fork is no longer safe).
 KNOWN_CUDA_INITIALIZERS = ("bitsandbytes", "pycuda.autoinit", "cupy", "numba.cuda", "tensorflow", "jax")
@@ -57,6 +61,7 @@ class LaunchPlan:
     memory_limit: int = 0  # bytes per worker; 0: none
     batch_sizes: dict | None = None  # find_executable_batch_size sizes agreed after an out-of-memory restart
     debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
+    results: str = "auto"  # which ranks' return values come back (see results.py)
 
     @property
     def runs_in_kernel(self) -> bool:
@@ -114,7 +119,7 @@ class LaunchArgumentError(ValueError):
 def make_plan(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
               rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
               log_line_prefix_template, start_method, device, backend, timeout, debug=None,
-              config_file=None, memory_limit=None) -> LaunchPlan:
+              config_file=None, memory_limit=None, results="auto") -> LaunchPlan:
     """Check every argument and decide device, backend, start method and port."""
     if not callable(function):
         raise TypeError(f"function must be callable (the training function to run on every rank), "
@@ -124,6 +129,7 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
                         f"for one argument write args=(value,)")
     mixed_precision = _choice("mixed_precision", str(mixed_precision).lower(), MIXED_PRECISION_CHOICES)
     start_method = _choice("start_method", start_method, START_METHOD_CHOICES)
+    results = _choice("results", results, RESULT_CHOICES)
     device = _choice("device", device, DEVICE_CHOICES)
     backend = _choice("backend", backend, BACKEND_CHOICES)
     rdzv_backend = _choice("rdzv_backend", rdzv_backend, RDZV_BACKEND_CHOICES)
@@ -135,6 +141,9 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
     if max_restarts < 0:
         raise LaunchArgumentError(f"max_restarts={max_restarts} must be 0 or more")
     monitor_interval = _positive_number("monitor_interval", monitor_interval)
+    if monitor_interval > MAX_MONITOR_INTERVAL_S:
+        raise LaunchArgumentError(f"monitor_interval={monitor_interval:g} s is longer than {MAX_MONITOR_INTERVAL_S} "
+                                  f"s: the kernel checks its workers this often; leave the default (0.1 s)")
     if timeout is not None:
         timeout = _positive_number("timeout", timeout)
     debug = resolve_debug(debug, config_file)
@@ -156,6 +165,7 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         requested_port = _port(use_port)
     if not isinstance(master_addr, str) or not master_addr:
         raise LaunchArgumentError(f"master_addr must be a host name or address string, got {master_addr!r}")
+    _check_resolves(master_addr, "rdzv_endpoint" if rdzv_endpoint else "master_addr")
 
     if device == "auto":
         device = detect_device()
@@ -181,7 +191,7 @@ def make_plan(function, args, num_processes, mixed_precision, use_port, master_a
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
-        debug=debug, memory_limit=memory_limit,
+        debug=debug, memory_limit=memory_limit, results=results,
     )
 
 
@@ -285,7 +295,42 @@ def _num_processes(value, device: str) -> int:
         raise LaunchArgumentError(
             f"num_processes={value} asks for more GPU ranks than the {gpus} CUDA GPU(s) visible here (one rank "
             f"per GPU); use num_processes={gpus} or less, or device='cpu'")
+    if device == "cpu" and value > _cpu_count() * MAX_RANKS_PER_CORE:
+        raise LaunchArgumentError(
+            f"num_processes={value} is more than {MAX_RANKS_PER_CORE} ranks per CPU core on this machine "
+            f"({_cpu_count()} core(s), so at most {_cpu_count() * MAX_RANKS_PER_CORE}): each rank is a whole "
+            f"process with torch loaded. Use num_processes={_cpu_count()} (one per core) or fewer")
+    _check_process_limits(value)
     return value
+
+
+def _check_process_limits(num_processes: int) -> None:
+    """The kernel holds about ``FDS_PER_RANK`` descriptors per rank (its pipes and its pidfd) and each rank is a
+    process: refuse a launch that would run out of either half-way through starting."""
+    import resource
+
+    open_files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = num_processes * FDS_PER_RANK + 64
+    if open_files != resource.RLIM_INFINITY and needed > open_files:
+        raise LaunchArgumentError(
+            f"num_processes={num_processes} needs about {needed} open files in this kernel, more than its limit of "
+            f"{open_files}: start fewer ranks, or raise the limit before the launch (`ulimit -n {needed}` before "
+            f"starting Jupyter, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) in the notebook)")
+    processes, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if processes != resource.RLIM_INFINITY and num_processes > processes:
+        raise LaunchArgumentError(
+            f"num_processes={num_processes} is more than this user may start (RLIMIT_NPROC {processes}): start "
+            f"fewer ranks, or raise the limit (`ulimit -u`)")
+
+
+def _check_resolves(host: str, name: str) -> None:
+    """A master address that does not resolve would leave every rank retrying to connect until ``timeout``."""
+    try:
+        socket.getaddrinfo(host.strip("[]"), None)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise LaunchArgumentError(
+            f"{name}: the host {host!r} cannot be resolved here ({exc}): give node 0's host name or IP address "
+            f"(the default is '127.0.0.1' for a launch on this machine)") from None
 
 
 def _backend(backend: str, device: str) -> str:

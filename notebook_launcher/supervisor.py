@@ -23,9 +23,9 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from .failure import TRUNCATED_EVENT
-from .events import (EXIT, FAILURE, OUTPUT, STATUS, STREAM, Event, ProgressRecord, FrameDecoder, LineSplitter, WorkerSpec,
-                     event_from_frame)
+from .results import result_sinks
+from .events import (CORRUPT_EVENT_STREAM, EXIT, FAILURE, OUTPUT, STATUS, STREAM, TRUNCATED_EVENT, CorruptFrame, Event, FrameDecoder, LineSplitter,
+                     ProgressRecord, WorkerSpec, event_from_frame)
 
 _PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -105,7 +105,7 @@ class Supervisor:
                 events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
                 parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
                 store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
-                explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug,
+                explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug, results=self.plan.results,
                 memory_limit=self.plan.memory_limit,
                 progress_path=self._progress_path(worker.rank),
             )
@@ -133,7 +133,7 @@ class Supervisor:
             if worker.pidfd is not None:
                 kernel_fds.append(worker.pidfd)
                 self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, "exit"))
-            self._decoders[worker.rank] = FrameDecoder()
+            self._decoders[worker.rank] = FrameDecoder(result_sinks)
             self._splitters[(worker.rank, "stdout")] = LineSplitter()
             self._splitters[(worker.rank, "stderr")] = LineSplitter()
             self.workers.append(worker)
@@ -307,13 +307,12 @@ class Supervisor:
             decoder = self._decoders[worker.rank]
             try:
                 frames = decoder.feed(chunk)
-            except Exception as exc:  # noqa: BLE001 - a corrupt stream must not take the kernel's loop down
-                frames, chunk = [], b""  # stop reading this pipe: nothing after a bad frame can be trusted
-                decoder.discard()
+            except CorruptFrame as exc:  # untrusted bytes never take the kernel's loop down
+                frames = []  # the pipe is still read (and what comes on it dropped), so the worker never blocks
                 self._emit(worker.rank, FAILURE, {
-                    "type": "CorruptEventStream", "message": f"rank {worker.rank} wrote an unreadable event "
-                    f"({type(exc).__name__}: {exc}); its later events are lost", "traceback": "",
-                    "exit_code": None})
+                    "type": CORRUPT_EVENT_STREAM, "message": f"rank {worker.rank} wrote bytes on its event pipe "
+                    f"that are not an event ({exc}); what it sent there after them is lost (its stdout and stderr "
+                    f"are not)", "traceback": "", "exit_code": None})
             for header, attachment in frames:
                 self._emit_frame(worker.rank, header, attachment)
             if not chunk and decoder.pending_bytes:

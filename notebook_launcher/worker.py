@@ -37,6 +37,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _RETURNED_KEY = "notebook_launcher/returned"
 _LEFT_KEY = "notebook_launcher/left"
 _PR_SET_PDEATHSIG = 1
+_OUTPUT_EVENT_CHARS = 1 << 20  # a longer write travels as several events (the kernel joins them into lines)
 
 
 class FdTextStream(io.TextIOBase):
@@ -71,8 +72,8 @@ class FdTextStream(io.TextIOBase):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if self._channel is not None:
-            if text:
-                self._channel.emit(OUTPUT, {"stream": self._stream, "text": text})
+            for start in range(0, len(text), _OUTPUT_EVENT_CHARS):  # one event for any ordinary write
+                self._channel.emit(OUTPUT, {"stream": self._stream, "text": text[start:start + _OUTPUT_EVENT_CHARS]})
         else:
             write_all(self._fd, text.encode("utf-8", "backslashreplace"))
         return len(text)
@@ -164,12 +165,12 @@ def _run(spec: WorkerSpec, load_function) -> int:
         _connect_progress_reports(events)
         events.emit(STATUS, {"state": "running"})
         result = function(*args)
-        _report_result(events, result)
+        _report_result(events, result, spec)
         exit_code = 0
     except SystemExit as exc:
         exit_code = _exit_code_of(exc)
         if exit_code == 0:
-            _report_result(events, None)
+            _report_result(events, None, spec)
         else:
             _report_failure(events, exc, exit_code, message=f"the function called sys.exit({exc.code!r})")
     except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
@@ -200,17 +201,11 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _report_result(events: EventWriter, result) -> None:
-    import cloudpickle
+def _report_result(events: EventWriter, result, spec: WorkerSpec) -> None:
+    from .results import pack_result
 
-    try:
-        payload = cloudpickle.dumps(_to_cpu(result))
-    except Exception as exc:  # noqa: BLE001
-        raise TypeError(
-            f"the function's return value (a {type(result).__name__}) could not be pickled to send it to the "
-            f"kernel: {exc}. Return plain data (tensors, numbers, dicts, a state_dict) instead."
-        ) from exc
-    events.emit(RESULT, {"type": type(result).__name__, "bytes": len(payload)}, payload)
+    data, parts = pack_result(_to_cpu(result), spec.rank, spec.results)
+    events.emit_parts(RESULT, data, parts)
 
 
 def _report_failure(events: EventWriter, exc: BaseException, exit_code: int, message: str | None = None) -> None:

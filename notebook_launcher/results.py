@@ -1,0 +1,156 @@
+"""A rank's return value on its way to the kernel, with its tensors' bytes copied as few times as possible.
+
+The value is pickled (cloudpickle) with every CPU tensor storage taken out of the pickle: the ``result`` event's
+attachment is the pickle followed by the raw bytes of each storage, written straight from the tensors' memory.
+The kernel reads each storage's bytes from the pipe into a storage of its own (``result_sinks``), so a returned
+1 GB state_dict costs the kernel about 1 GB, not the three copies a plain pickle takes (the pickle, torch's own
+byte copy inside it, then the tensor).
+
+Which results travel: rank 0's always; another rank's only when ``results="all"``, or with the default
+``results="auto"`` when it is at most ``SMALL_RESULT_BYTES``; ``results="rank0"`` sends none but rank 0's. A
+result left out says so in its event (``kept: False``) and in ``Run.results_left_out``.
+
+Both sides use this module: it knows the event schema's ``result`` data and nothing of the launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import pickle
+import sys
+
+RESULT_CHOICES = ("auto", "all", "rank0")
+SMALL_RESULT_BYTES = 64 * 2**20
+
+
+class ResultParts:
+    """The attachment of a result as the kernel received it: the pickle, then one storage per tensor storage."""
+
+    def __init__(self, pickled: bytearray, storages: list):
+        self.pickled = pickled
+        self.storages = storages
+
+    def __len__(self) -> int:
+        return len(self.pickled) + sum(storage.nbytes() for storage in self.storages)
+
+    def __bytes__(self) -> bytes:  # an agent forwards the result to the launching kernel as one attachment
+        return bytes(self.pickled) + b"".join(bytes(_bytes_of(storage)) for storage in self.storages)
+
+
+# -- worker side --------------------------------------------------------------------------------------------------
+def pack_result(value, rank: int, results: str) -> tuple[dict, list]:
+    """The ``result`` event's data and the attachment's parts (buffers to write in order)."""
+    kind = type(value).__name__
+    if rank != 0 and results == "rank0":
+        return {"type": kind, "kept": False, "reason": "results='rank0'"}, []
+    storages: list = []
+    pickled = io.BytesIO()
+    try:
+        _storage_pickler()(pickled, storages).dump(value)
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(
+            f"the function's return value (a {kind}) could not be pickled to send it to the kernel: {exc}. Return "
+            f"plain data (tensors, numbers, dicts, a state_dict) instead.") from exc
+    parts = [pickled.getbuffer()] + [_bytes_of(storage) for storage in storages]
+    size = sum(part.nbytes for part in parts)
+    if rank != 0 and results == "auto" and size > SMALL_RESULT_BYTES:
+        return {"type": kind, "bytes": size, "kept": False, "reason": f"larger than {SMALL_RESULT_BYTES >> 20} MB "
+                f"(results='all' brings it back)"}, []
+    return {"type": kind, "bytes": size, "attachment_bytes": size, "pickle_bytes": parts[0].nbytes,
+            "storages": [storage.nbytes() for storage in storages]}, parts
+
+
+def _storage_pickler():
+    """cloudpickle's Pickler, with each CPU tensor storage replaced by its index in ``storages`` (sent out of
+    band). Made on first use, so importing this module does not import cloudpickle."""
+    global _StoragePickler
+    if _StoragePickler is None:
+        import cloudpickle
+
+        class StoragePickler(cloudpickle.Pickler):
+            def __init__(self, file, storages: list):
+                super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+                self._storages = storages
+                self._index: dict = {}
+
+            def persistent_id(self, obj):
+                return _storage_id(obj, self._storages, self._index)
+
+        _StoragePickler = StoragePickler
+    return _StoragePickler
+
+
+_StoragePickler = None
+
+
+def _storage_id(obj, storages: list, index: dict):
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
+        return None
+    typed = isinstance(obj, torch.storage.TypedStorage)
+    untyped = obj._untyped_storage if typed else obj
+    if untyped.device.type != "cpu" or untyped.nbytes() == 0:
+        return None
+    key = untyped._cdata  # views of one storage share it, as they did in the worker
+    if key not in index:
+        index[key] = len(storages)
+        storages.append(untyped)
+    return ("storage", index[key], str(obj.dtype).removeprefix("torch.") if typed else None)
+
+
+def _bytes_of(storage) -> memoryview:
+    """A writable byte view of a CPU storage's memory (no copy)."""
+    return memoryview((ctypes.c_ubyte * storage.nbytes()).from_address(storage.data_ptr())).cast("B")
+
+
+# -- kernel side --------------------------------------------------------------------------------------------------
+def result_sinks(header: dict, length: int):
+    """For ``FrameDecoder``: where a result's attachment is read to; the storages are allocated here, once."""
+    data = header["data"]
+    sizes = data.get("storages") if header["kind"] == "result" else None
+    if not sizes or not isinstance(sizes, list) or not isinstance(data.get("pickle_bytes"), int):
+        buffer = bytearray(length)
+        return buffer, [memoryview(buffer)]
+    import torch
+
+    if not all(isinstance(size, int) and size > 0 for size in sizes) or data["pickle_bytes"] + sum(sizes) != length:
+        buffer = bytearray(length)  # the unpickling below says what is wrong with it
+        return buffer, [memoryview(buffer)]
+    pickled = bytearray(data["pickle_bytes"])
+    storages = [torch.UntypedStorage(size) for size in sizes]
+    return ResultParts(pickled, storages), [memoryview(pickled)] + [_bytes_of(storage) for storage in storages]
+
+
+def unpack_result(data: dict, attachment):
+    """The rank's return value from its ``result`` event (raises what unpickling raises)."""
+    if isinstance(attachment, ResultParts):
+        return _StorageUnpickler(io.BytesIO(attachment.pickled), attachment.storages).load()
+    if not data.get("storages"):
+        return pickle.loads(attachment)
+    import torch
+
+    view = memoryview(attachment)
+    offset = data["pickle_bytes"]
+    storages = []
+    for size in data["storages"]:  # zero-copy views of the one buffer (kept alive by the storages)
+        storages.append(torch.frombuffer(view, dtype=torch.uint8, offset=offset, count=size).untyped_storage())
+        offset += size
+    return _StorageUnpickler(io.BytesIO(view[:data["pickle_bytes"]]), storages).load()
+
+
+class _StorageUnpickler(pickle.Unpickler):
+    def __init__(self, file, storages: list):
+        super().__init__(file)
+        self._storages = storages
+
+    def persistent_load(self, pid):
+        import torch
+
+        tag, index, dtype = pid
+        if tag != "storage" or not isinstance(index, int) or not 0 <= index < len(self._storages):
+            raise pickle.UnpicklingError(f"an unknown reference in the result: {pid!r}")
+        storage = self._storages[index]
+        if dtype is None:
+            return storage
+        return torch.storage.TypedStorage(wrap_storage=storage, dtype=getattr(torch, dtype), _internal=True)
