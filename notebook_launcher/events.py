@@ -179,8 +179,8 @@ class CorruptFrame(ValueError):
 class FrameDecoder:
     """Kernel side: turns bytes read from an event pipe into (header, attachment) pairs.
 
-    Everything read is untrusted: a frame whose lengths, header or data do not fit the schema raises
-    ``CorruptFrame`` (and the decoder takes nothing more), never another exception. A header is checked as soon
+    Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
+    ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises. A header is checked as soon
     as it is complete, before its attachment arrives; an attachment is read into the buffers that ``sinks``
     gives for it (by default one bytearray), so a large result is copied once, not grown and copied again.
     """
@@ -194,7 +194,7 @@ class FrameDecoder:
         self._filled = 0  # bytes written into _parts[_filling]
         self._attachment = None
         self._pending = 0  # attachment bytes still to come
-        self.broken = False
+        self.broken = ""  # why the stream stopped being read as frames (the frames before it are returned)
 
     def feed(self, chunk: bytes) -> list[tuple[dict, object]]:
         if self.broken:
@@ -215,10 +215,9 @@ class FrameDecoder:
                     view = view[view.nbytes:]
                 if not self._next_header():
                     break
-        except CorruptFrame:
-            self.broken = True
+        except CorruptFrame as exc:
+            self.broken = str(exc)
             self.discard()
-            raise
         return frames
 
     def _next_header(self) -> bool:
@@ -628,10 +627,10 @@ class SignedFrameReader:
             if not hmac.compare_digest(mac, expected):
                 raise UnverifiedStream(f"frame {self._counter} is not signed with this run's secret")
             del self._buffer[:prefix + length]
-            try:
-                decoded = FrameDecoder().feed(frame)
-            except CorruptFrame as exc:
-                raise UnverifiedStream(f"frame {self._counter} is not an event: {exc}") from None
+            decoder = FrameDecoder()
+            decoded = decoder.feed(frame)
+            if decoder.broken:
+                raise UnverifiedStream(f"frame {self._counter} is not an event: {decoder.broken}")
             if len(decoded) != 1:
                 raise UnverifiedStream(f"frame {self._counter} is not one event")
             frames.append(decoded[0])

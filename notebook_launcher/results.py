@@ -130,6 +130,8 @@ def unpack_result(data: dict, attachment):
         return pickle.loads(attachment)
     import torch
 
+    if isinstance(attachment, bytes):
+        attachment = bytearray(attachment)  # tensors need writable memory
     view = memoryview(attachment)
     offset = data["pickle_bytes"]
     storages = []

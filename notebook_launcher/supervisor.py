@@ -23,8 +23,9 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from .proctree import descendants, kill, kill_group, kill_if_same
 from .results import result_sinks
-from .events import (CORRUPT_EVENT_STREAM, EXIT, FAILURE, OUTPUT, STATUS, STREAM, TRUNCATED_EVENT, CorruptFrame, Event, FrameDecoder, LineSplitter,
+from .events import (CORRUPT_EVENT_STREAM, EXIT, FAILURE, OUTPUT, STATUS, STREAM, TRUNCATED_EVENT, Event, FrameDecoder, LineSplitter,
                      ProgressRecord, WorkerSpec, event_from_frame)
 
 _PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
@@ -35,6 +36,7 @@ EOF_WAIT_AFTER_EXIT_S = 1.0
 CLOSE_WAIT_S = 5.0
 PEER_REPORT_GRACE_S = 1.0  # how long the others may take to raise an error that every rank raises
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
+DESCENDANT_SCAN_S = 1.0  # how often the processes below each rank are noted (to end them if the rank is killed)
 
 
 @dataclass
@@ -86,6 +88,8 @@ class Supervisor:
         self._finished_ranks: set[int] = set()
         self._reported_failure: set[int] = set()  # ranks exiting on their own after reporting an exception
         self._stop_at: float | None = None  # a failure every rank raises: stop when all reported, or then
+        self._below: dict[int, dict[int, int]] = {}  # rank -> its descendants when last looked (pid -> start time)
+        self._scanned_at = time.monotonic()  # a short launch never pays for a scan
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -242,6 +246,8 @@ class Supervisor:
         self.on_tick()
         self._check_progress()
         now = time.monotonic()
+        if now - self._scanned_at >= DESCENDANT_SCAN_S:
+            self._note_descendants(now)
         if self._stop_at is not None and self.stop_reason is None and now >= self._stop_at:
             self.stop("failure")
         if deadline is not None and now >= deadline and self.stop_reason is None:
@@ -249,6 +255,14 @@ class Supervisor:
         if self._kill_at is not None and now >= self._kill_at:
             self._signal_all(signal.SIGKILL)
             self._kill_at = None
+
+    def _note_descendants(self, now: float) -> None:
+        """What lies below each live rank, so that what a rank started is ended with it even when the rank dies
+        without ending it itself (killed from outside, a crash): its orphans then belong to init."""
+        self._scanned_at = now
+        for worker in self.workers:
+            if worker.alive:
+                self._below[worker.rank] = descendants([worker.pid])
 
     def _check_progress(self) -> None:
         """A hang: a rank has waited in a collective for HANG_GRACE_S while another rank has already finished
@@ -305,16 +319,14 @@ class Supervisor:
             return False
         if channel == "events":
             decoder = self._decoders[worker.rank]
-            try:
-                frames = decoder.feed(chunk)
-            except CorruptFrame as exc:  # untrusted bytes never take the kernel's loop down
-                frames = []  # the pipe is still read (and what comes on it dropped), so the worker never blocks
+            was_broken = decoder.broken
+            for header, attachment in decoder.feed(chunk):
+                self._emit_frame(worker.rank, header, attachment)
+            if decoder.broken and not was_broken:  # the pipe is still read (and dropped): the worker never blocks
                 self._emit(worker.rank, FAILURE, {
                     "type": CORRUPT_EVENT_STREAM, "message": f"rank {worker.rank} wrote bytes on its event pipe "
-                    f"that are not an event ({exc}); what it sent there after them is lost (its stdout and stderr "
-                    f"are not)", "traceback": "", "exit_code": None})
-            for header, attachment in frames:
-                self._emit_frame(worker.rank, header, attachment)
+                    f"that are not an event ({decoder.broken}); what it sent there after them is lost (its stdout "
+                    f"and stderr are not)", "traceback": "", "exit_code": None})
             if not chunk and decoder.pending_bytes:
                 self._emit(worker.rank, FAILURE, {
                     "type": TRUNCATED_EVENT, "message": f"{decoder.pending_bytes} bytes of an unfinished event "
@@ -415,6 +427,7 @@ class Supervisor:
             os.killpg(worker.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        kill_if_same(self._below.pop(worker.rank, {}))  # and what it started outside its group
         self._drain(worker)
         self._finish_python_lines(worker.rank)
         ours = (None, signal.SIGTERM) + ((signal.SIGKILL,) if worker.sigkill_sent else ())
@@ -472,10 +485,10 @@ class Supervisor:
             if worker.alive and worker.rank not in spare and signum == signal.SIGKILL:
                 worker.sigkill_sent = True
         alive = [worker.pid for worker in self.workers if worker.alive and worker.rank not in spare]
-        for pid in _descendants(alive):
-            _kill(pid, signum)
+        for pid in descendants(alive):
+            kill(pid, signum)
         for pid in alive:
-            _kill_group(pid, signum)
+            kill_group(pid, signum)
 
     def close(self) -> None:
         """Last resort after wait(): nothing of ours survives, every fd is closed, every child reaped."""
@@ -551,20 +564,6 @@ def _pidfd_open(pid: int) -> int | None:
         return None
 
 
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        _kill(pgid, signum)  # the child may not have made its group yet
-
-
 def _signal_name(signum: int | None) -> str | None:
     if signum is None:
         return None
@@ -572,29 +571,3 @@ def _signal_name(signum: int | None) -> str | None:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-
-
-def _descendants(pids: list[int]) -> list[int]:
-    """Every process below ``pids`` (Linux /proc), including those that left their process group."""
-    if not pids:
-        return []
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], list(pids)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found

@@ -2,7 +2,8 @@
 
 This module only knows the event schema (``events``); it never imports the kernel side. A worker:
 
-1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on;
+1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on, and is the
+   subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it);
 2. points fd 1 and fd 2 at pipes of its own and replaces ``sys.stdout``/``sys.stderr`` with unbuffered writers on
    them, so Python prints and C/C++ output (gloo, NCCL, torch warnings) reach the kernel in order and nothing is
    held in a buffer when the process is killed;
@@ -31,6 +32,7 @@ import traceback
 from .events import (BATCH_SIZE, FAILURE, OUTPUT, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter,
                      ProgressRecord, WorkerSpec, write_all)
 from .logging import install_event_logging
+from .proctree import become_subreaper, end_own_descendants
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -145,6 +147,7 @@ def _load_payload(path: str):
 
 def _run(spec: WorkerSpec, load_function) -> int:
     _die_with_parent(spec.parent_pid)
+    become_subreaper()  # what the user's code starts, even by a double fork, stays below this rank
     _default_signal_handlers()
     atexit._clear()  # the kernel's exit handlers are not the worker's; the user's own run at the end
     events = EventWriter(spec.events_fd, spec.rank)
@@ -180,6 +183,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
     if exit_code == 0 and process_group_up:
         _leave_process_group(spec.world_size)
     _run_exit_handlers()
+    end_own_descendants()  # nothing the rank started outlives it
     return exit_code
 
 

@@ -1,0 +1,98 @@
+"""Process trees on Linux, read from /proc: what lies below a rank, even what left its process group.
+
+Used by the kernel's supervisor (a teardown reaches every descendant) and by each worker (it is the subreaper of
+what it starts, and ends what is left of it before exiting). Knows nothing of either side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphans below this process (a double fork with ``setsid``) are re-parented to it instead of to init, so
+    they stay its descendants and a teardown still finds them."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def _table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, start time in clock ticks since boot) of every process."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(entry)] = (int(fields[1]), int(fields[19]))  # ppid, starttime
+    return table
+
+
+def descendants(pids) -> dict[int, int]:
+    """Every process below ``pids``, including those that left their process group: pid -> start time."""
+    pids = list(pids)
+    if not pids:
+        return {}
+    table = _table()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = {}, pids
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = table[child][1]
+            todo.append(child)
+    return found
+
+
+def kill_if_same(processes: dict[int, int], signum: int = signal.SIGKILL) -> None:
+    """Signal each pid that still is the process it was (same start time): never a stranger with a reused pid."""
+    if not processes:
+        return
+    table = _table()
+    for pid, started in processes.items():
+        if table.get(pid, (0, None))[1] == started:
+            kill(pid, signum)
+
+
+def kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        kill(pgid, signum)  # the child may not have made its group yet
+
+
+def end_own_descendants() -> None:
+    """SIGKILL everything below this process and reap what became its children (it is their subreaper)."""
+    below = descendants([os.getpid()])
+    for pid in below:
+        kill(pid, signal.SIGKILL)
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
