@@ -24,8 +24,8 @@ import sys
 import threading
 import traceback
 
-from .events import (AGENT_ENV_VAR, AGENT_EVENT, AGENT_MAGIC, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, node_key, sign_frame,
-                     write_all)
+from .agent_channel import AGENT_ENV_VAR, AGENT_MAGIC, node_key, sign_frame
+from .events import AGENT_EVENT, NODE_ERROR_EVENT, NOTE_EVENT, encode_frame, write_all
 
 
 class SignedWriter:

@@ -23,8 +23,8 @@ import sys
 import time
 from collections import deque
 
-from .events import (AGENT_ENV_VAR, AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event, SignedFrameReader,
-                     UnverifiedStream, node_key)
+from .agent_channel import AGENT_ENV_VAR, SignedFrameReader, UnverifiedStream, node_key
+from .events import AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
 PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs

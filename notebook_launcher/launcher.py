@@ -13,7 +13,8 @@ from . import plan as planning
 from .display import TextDisplay
 from .display.panel import DISPLAYS, PanelDisplay, wants_panel
 from .display.state import RunState
-from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event, RunLog
+from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event
+from .runlog import RunLog
 from .ordering import InOrderRelease
 from .rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from .cluster import STOP_GRACE_S, Cluster, HostFailedError, resolve_hosts

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 from .proctree import descendants, kill, kill_group, kill_if_same
 from .results import result_sinks
-from .events import (CORRUPT_EVENT_STREAM, EXIT, FAILURE, OUTPUT, STATUS, STREAM, TRUNCATED_EVENT, Event, FrameDecoder, LineSplitter,
-                     ProgressRecord, WorkerSpec, event_from_frame)
+from .decoding import FrameDecoder, LineSplitter, event_from_frame
+from .events import CORRUPT_EVENT_STREAM, EXIT, FAILURE, OUTPUT, STATUS, STREAM, TRUNCATED_EVENT, Event, WorkerSpec
+from .progress_record import ProgressRecord
 
 _PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)

@@ -30,8 +30,9 @@ import time
 import traceback
 
 from .events import (BATCH_SIZE, FAILURE, OUTPUT, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter,
-                     ProgressRecord, WorkerSpec, write_all)
+                     WorkerSpec, write_all)
 from .logging import install_event_logging
+from .progress_record import ProgressRecord
 from .proctree import become_subreaper, end_own_descendants
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"

@@ -15,8 +15,8 @@ import pytest
 
 from notebook_launcher import LaunchArgumentError, RankFailedError, last_run, notebook_launcher
 from notebook_launcher.cluster import HostFailedError
-from notebook_launcher.events import (AGENT_MAGIC, STATUS, SignedFrameReader, UnverifiedStream, encode_frame,
-                                     node_key, sign_frame)
+from notebook_launcher.agent_channel import AGENT_MAGIC, SignedFrameReader, UnverifiedStream, node_key, sign_frame
+from notebook_launcher.events import STATUS, encode_frame
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 

@@ -16,8 +16,9 @@ import torch
 
 from notebook_launcher import (LaunchArgumentError, RankFailedError, ResultUnavailableError, last_run,
                                notebook_launcher)
-from notebook_launcher.events import (KEEP_RUNS, PRUNE_MIN_AGE_S, FrameDecoder, LineSplitter, RunLog,
-                                      encode_frame)
+from notebook_launcher.decoding import FrameDecoder, LineSplitter
+from notebook_launcher.events import encode_frame
+from notebook_launcher.runlog import KEEP_RUNS, PRUNE_MIN_AGE_S, RunLog
 from notebook_launcher.results import SMALL_RESULT_BYTES, pack_result, result_sinks, unpack_result
 
 

@@ -11,7 +11,8 @@ from notebook_launcher.display.inspector import (
     RunNotFoundError,
     inspect_run,
 )
-from notebook_launcher.events import RUNS_DIR_ENV_VAR, Event, RunLog
+from notebook_launcher.events import Event
+from notebook_launcher.runlog import RUNS_DIR_ENV_VAR, RunLog
 
 LINES = 30
 HOSTILE = "<b>x</b> & <script>alert(1)</script>"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from notebook_launcher import last_run, notebook_launcher
-from notebook_launcher.events import read_run_log
+from notebook_launcher.runlog import read_run_log
 
 
 def sum_of_ranks(scale):

@@ -257,7 +257,8 @@ def test_updates_are_throttled_but_the_last_state_is_always_sent(monkeypatch):
 
 
 def test_long_lines_with_bars_are_cheap_to_fold_and_crlf_split_across_reads_keeps_its_line():
-    from notebook_launcher.events import LineSplitter, STREAM, Event
+    from notebook_launcher.decoding import LineSplitter
+    from notebook_launcher.events import STREAM, Event
 
     state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 1, 1, [0])
     vocabulary = str({f"<|token{i}|>": i for i in range(20_000)})  # 400 KB with many "|": no regex blowup

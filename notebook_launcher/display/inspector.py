@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import ipywidgets as widgets
 
-from ..events import _RUN_ID, runs_root
+from ..runlog import RUN_ID, runs_root
 
 __all__ = ["Row", "RunInspector", "RunNotFoundError", "inspect_run"]
 
@@ -67,7 +67,7 @@ def _run_dirs(root: str) -> list[str]:
     """Run ids under root, newest first."""
     try:
         names = [entry for entry in os.listdir(root)
-                 if _RUN_ID.fullmatch(entry) and os.path.isdir(os.path.join(root, entry))]
+                 if RUN_ID.fullmatch(entry) and os.path.isdir(os.path.join(root, entry))]
     except OSError:
         return []
     return sorted(names, reverse=True)

@@ -1,0 +1,214 @@
+"""Kernel side of a rank's pipes: bytes in, checked frames and whole lines out.
+
+Everything read here is untrusted (a rank's code can write anything on any fd): the decoder checks each frame
+against the schema of ``events`` before anything else sees it, and the line splitter bounds what a line can
+cost.
+"""
+
+from __future__ import annotations
+
+import marshal
+
+from .events import FRAME_HEADER, RESULT, Event
+
+
+MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
+
+
+class CorruptFrame(ValueError):
+    """Bytes on an event pipe that are not a frame of this schema (a bad length, header or data)."""
+
+
+class FrameDecoder:
+    """Kernel side: turns bytes read from an event pipe into (header, attachment) pairs.
+
+    Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
+    ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises. A header is checked as soon
+    as it is complete, before its attachment arrives; an attachment is read into the buffers that ``sinks``
+    gives for it (by default one bytearray), so a large result is copied once, not grown and copied again.
+    """
+
+    def __init__(self, sinks=None):
+        self._buffer = bytearray()
+        self._sinks = sinks or _one_bytearray
+        self._header: dict | None = None  # a checked header whose attachment is still arriving
+        self._parts: list = []  # writable memoryviews the attachment fills, in order
+        self._filling = 0  # index into _parts
+        self._filled = 0  # bytes written into _parts[_filling]
+        self._attachment = None
+        self._pending = 0  # attachment bytes still to come
+        self.broken = ""  # why the stream stopped being read as frames (the frames before it are returned)
+
+    def feed(self, chunk: bytes) -> list[tuple[dict, object]]:
+        if self.broken:
+            return []
+        frames = []
+        view = memoryview(chunk)
+        try:
+            while True:
+                if self._header is not None:
+                    view = self._fill(view)
+                    if self._pending:
+                        break
+                    frames.append((self._header, self._attachment))
+                    self._header, self._attachment, self._parts = None, None, []
+                    continue
+                if view.nbytes:
+                    self._buffer += view
+                    view = view[view.nbytes:]
+                if not self._next_header():
+                    break
+        except CorruptFrame as exc:
+            self.broken = str(exc)
+            self.discard()
+        return frames
+
+    def _next_header(self) -> bool:
+        """Take one header off the buffer once it is complete; False while it is not."""
+        if len(self._buffer) < FRAME_HEADER.size:
+            return False
+        header_len, attachment_len = FRAME_HEADER.unpack_from(self._buffer)
+        if not 0 < header_len <= MAX_HEADER_BYTES:
+            raise CorruptFrame(f"a frame header of {header_len} bytes")
+        end = FRAME_HEADER.size + header_len
+        if len(self._buffer) < end:
+            return False
+        try:
+            header = marshal.loads(bytes(self._buffer[FRAME_HEADER.size:end]))
+        except (ValueError, EOFError, TypeError) as exc:
+            raise CorruptFrame(f"an undecodable frame header ({exc})") from None
+        check_header(header, attachment_len)
+        rest = self._buffer[end:]
+        self._buffer.clear()
+        self._header, self._pending = header, attachment_len
+        try:
+            self._attachment, self._parts = self._sinks(header, attachment_len) if attachment_len else (b"", [])
+        except (MemoryError, RuntimeError, OverflowError) as exc:
+            raise CorruptFrame(f"no room for an attachment of {attachment_len} bytes ({exc})") from None
+        self._filling = self._filled = 0
+        if sum(part.nbytes for part in self._parts) != attachment_len:
+            raise CorruptFrame(f"an attachment of {attachment_len} bytes that does not match its header")
+        self._fill(memoryview(rest))  # what came with the header (the buffer is empty from here on)
+        return True
+
+    def _fill(self, view: memoryview) -> memoryview:
+        """Copy bytes of the current attachment from ``view``; what is left of ``view`` goes to the buffer."""
+        while self._pending and view.nbytes:
+            part = self._parts[self._filling]
+            take = min(part.nbytes - self._filled, view.nbytes)
+            part[self._filled:self._filled + take] = view[:take]
+            view = view[take:]
+            self._filled += take
+            self._pending -= take
+            if self._filled == part.nbytes:
+                self._filling, self._filled = self._filling + 1, 0
+        if not self._pending and view.nbytes and self._header is not None:
+            self._buffer += view  # the next frames (the caller's loop takes them)
+            view = view[view.nbytes:]
+        return view
+
+    def discard(self) -> None:
+        self._buffer.clear()
+        self._header, self._attachment, self._parts, self._pending = None, None, [], 0
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame (non-zero at EOF means the writer died mid-frame)."""
+        return len(self._buffer) + (self._pending if self._header is not None else 0)
+
+
+def _one_bytearray(header: dict, length: int):
+    buffer = bytearray(length)
+    return buffer, [memoryview(buffer)] if length else []
+
+
+_HEADER_TYPES = {"rank": int, "seq": int, "kind": str, "data": dict}
+
+
+def check_header(header, attachment_len: int) -> None:
+    """What the kernel relies on in a header: a dict with an int rank and seq, a number time, a str kind, a
+    dict of data; and an attachment only where the schema has one (a result, of the size it says)."""
+    if not isinstance(header, dict):
+        raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")
+    for key, expected in _HEADER_TYPES.items():
+        if not isinstance(header.get(key), expected) or isinstance(header.get(key), bool):
+            raise CorruptFrame(f"a frame header whose {key!r} is {type(header.get(key)).__name__}")
+    if not isinstance(header.get("time"), (int, float)):
+        raise CorruptFrame(f"a frame header whose 'time' is {type(header.get('time')).__name__}")
+    if attachment_len and header["kind"] != RESULT:
+        raise CorruptFrame(f"an attachment of {attachment_len} bytes on a {header['kind']!r} event")
+    if header["kind"] == RESULT and header["data"].get("attachment_bytes", attachment_len) != attachment_len:
+        raise CorruptFrame(f"a result whose attachment is {attachment_len} bytes, not the "
+                           f"{header['data'].get('attachment_bytes')} it says")
+
+
+class LineSplitter:
+    """Kernel side: turns bytes read from a worker's fd 1/2 pipe into whole lines, never gluing two writes of
+    different ranks (each rank has its own pipe and its own splitter).
+
+    A line is kept whole up to ``MAX_LINE_BYTES``; a longer one is passed on in pieces of that size, each but the
+    last ending with ``LINE_CONTINUES`` (memory stays bounded whatever a rank prints without a newline)."""
+
+    MAX_LINE_BYTES = 8 * 2**20
+    LINE_CONTINUES = " [line continues]"
+
+    def __init__(self):
+        self._partial = b""
+        self._last_redraw = b""
+        self._continued = False  # the last piece passed on was cut from a line that has not ended yet
+
+    def feed(self, chunk: bytes) -> list[str]:
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        if lines and self._continued:
+            self._continued = False
+            if not lines[0]:
+                lines.pop(0)  # the newline that ends a line already passed on in pieces
+        decoded = [_decode_line(line) for line in lines]
+        while len(self._partial) > self.MAX_LINE_BYTES:
+            cut = _utf8_boundary(self._partial, self.MAX_LINE_BYTES)
+            decoded.append(_decode_line(self._partial[:cut]) + self.LINE_CONTINUES)
+            self._partial = self._partial[cut:]
+            self._continued = True
+        return decoded
+
+    def redraw(self) -> str | None:
+        """The newest state of an unfinished line that redraws itself with ``\r`` (a tqdm bar), once per change.
+
+        Older redraws are dropped, so a bar that runs for hours costs one line of memory, and the line that
+        finally ends with a newline is only its last state (what a terminal shows)."""
+        cut = self._partial.rfind(b"\r")
+        if cut < 0 or cut == len(self._partial) - 1:
+            return None  # no redraw, or a line ending in \r whose \n may come in the next read (CRLF)
+        latest = self._partial[cut + 1:]
+        self._partial = self._partial[cut:]
+        if latest == self._last_redraw:
+            return None
+        self._last_redraw = latest
+        return _decode_line(latest)
+
+    def finish(self) -> list[str]:
+        """At EOF: the last line even if the worker never ended it with a newline."""
+        rest, self._partial = self._partial, b""
+        return [_decode_line(rest)] if rest else []
+
+
+def _utf8_boundary(data: bytes, at: int) -> int:
+    """``at``, moved back to the start of a UTF-8 character (never cut one in two)."""
+    for back in range(4):
+        if at - back > 0 and data[at - back] & 0xC0 != 0x80:
+            return at - back
+    return at
+
+
+def _decode_line(raw: bytes) -> str:
+    """A line as a terminal shows it: what follows its last carriage return."""
+    return raw.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", errors="replace")
+
+
+def event_from_frame(header: dict, attachment, seq: int) -> Event:
+    """Rebuild an event from a decoded (and checked) frame; the kernel assigns its own per-rank sequence number."""
+    data = dict(header["data"])
+    data.setdefault("worker_seq", header["seq"])
+    return Event(rank=header["rank"], seq=seq, time=float(header["time"]), kind=header["kind"], data=data,
+                 attachment=attachment if attachment is not None else b"")

@@ -1,0 +1,116 @@
+"""The run log on disk: one private folder per run (every event as JSON lines, and a summary), pruned."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+from .events import Event
+
+
+RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
+RUN_ID = re.compile(r"\d{8}-\d{6}-\d+-[0-9a-f]{6}")
+KEEP_RUNS = 50
+
+
+def runs_root() -> str:
+    """Where run logs live: $NOTEBOOK_LAUNCHER_RUNS_DIR, else the user's cache directory."""
+    explicit = os.environ.get(RUNS_DIR_ENV_VAR)
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "notebook_launcher", "runs")
+
+
+class RunLog:
+    """One private directory per run: ``events.jsonl`` (every event, as it arrives) and ``run.json`` (summary).
+
+    Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``_prune``).
+    """
+
+    _FLUSH_EVERY_S = 0.5
+
+    def __init__(self, root: str | None = None):
+        root = root or runs_root()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_id = f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.path = os.path.join(root, self.run_id)
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            os.mkdir(self.path, mode=0o700)
+            self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write the run log in {root} ({exc.strerror or exc}): set "
+                          f"{RUNS_DIR_ENV_VAR} to a folder you can write to") from exc
+        self._last_flush = time.monotonic()
+        _prune(root, keep=KEEP_RUNS, current=self.run_id)
+
+    def write(self, event: Event) -> None:
+        self._events.write(json.dumps(event.to_json(), default=str) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush > self._FLUSH_EVERY_S:
+            self._events.flush()
+            self._last_flush = now
+
+    def write_summary(self, summary: dict) -> None:
+        with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
+            json.dump(summary, out, indent=2, default=str)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def close(self) -> None:
+        if not self._events.closed:
+            self._events.close()
+
+
+def read_run_log(path: str) -> list[dict]:
+    """The events of a past run, as written (for reading a run after the fact)."""
+    with open(os.path.join(path, "events.jsonl"), encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+PRUNE_MIN_AGE_S = 600  # a run folder younger than this is never pruned (it may belong to a run in progress)
+
+
+def _prune(root: str, keep: int, current: str = "") -> None:
+    """Keep the ``keep`` newest run folders, newest by the time they last changed (not by the stamp in their name,
+    which another kernel's time zone or a clock set back can put in the future). Never removed: the current run,
+    any folder changed in the last ``PRUNE_MIN_AGE_S`` seconds, and a folder without its summary whose kernel
+    (the pid in its name) is still alive on this machine: those may be runs still going on."""
+    now = time.time()
+    candidates = []
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return
+    for entry in entries:  # only our own run directories are ever removed, whatever else lives in that folder
+        path = os.path.join(root, entry)
+        if entry == current or not RUN_ID.fullmatch(entry):
+            continue
+        try:
+            changed = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if not os.path.isdir(path) or now - changed < PRUNE_MIN_AGE_S or _maybe_in_progress(entry, path):
+            continue
+        candidates.append((changed, entry))
+    candidates.sort()
+    for _, old in candidates[:max(0, len(candidates) - keep)]:
+        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+
+
+def _maybe_in_progress(run_id: str, path: str) -> bool:
+    if os.path.exists(os.path.join(path, "run.json")):
+        return False
+    pid = int(run_id.split("-")[2])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (owned by someone else)
+    return True
