@@ -5,23 +5,27 @@
 """
 
 from .doctor import doctor, env_report, same_effective_batch, set_seed
-from .failure import LaunchTimeoutError, RankFailedError, ResultUnavailableError
-from .launcher import Run, last_run, notebook_launcher
+from .errors import (HostFailedError, LaunchArgumentError, LaunchTimeoutError, NotebookLauncherError, RankFailedError,
+                     ResultUnavailableError, RunNotFoundError)
+from .launcher import notebook_launcher
+from .runs import Run, last_run
 from .logging import get_logger
 from .memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
 from .ops import DistributedOperationException
 from .progress import report
 from .triggers import check_trigger, set_trigger
-from .plan import LaunchArgumentError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DistributedOperationException",
+    "HostFailedError",
     "LaunchArgumentError",
     "LaunchTimeoutError",
+    "NotebookLauncherError",
     "RankFailedError",
     "ResultUnavailableError",
+    "RunNotFoundError",
     "check_trigger",
     "doctor",
     "env_report",

@@ -46,19 +46,13 @@ class SignedWriter:
 
 
 class ForwardingDisplay:
-    """The launcher's display on an agent: every event and note goes to the kernel instead of a screen.
-
-    ``single_attempt``: this host does not restart its ranks itself (after an out-of-memory error in
-    find_executable_batch_size); the launching kernel restarts every host at the agreed size.
-    """
-
-    single_attempt = True
+    """The launcher's display on an agent: every event and note goes to the kernel instead of a screen."""
 
     def __init__(self, writer: SignedWriter):
         self._writer = writer
 
     def show(self, event) -> None:
-        self._writer.send(event.rank, event.kind, event.data, event.attachment)
+        self._writer.send(event.rank, event.kind, event.data, bytes(event.attachment))
 
     def note(self, text: str) -> None:
         self._writer.send(-1, NOTE_EVENT, {"text": text})
@@ -149,7 +143,7 @@ def main(argv: list[str]) -> int:
     reservation = None
     try:
         if node_rank == 0:
-            from .plan import PortReservation
+            from .ports import PortReservation
 
             reservation = PortReservation("0.0.0.0", config["requested_port"])
             master = {"master_addr": _address_seen_by_the_kernel(), "master_port": reservation.port}
@@ -201,8 +195,9 @@ def _load(payload: bytes):
 
 
 def _launch(function, args, config: dict, master: dict, writer: SignedWriter, reservation) -> int:
-    from .failure import LaunchTimeoutError, RankFailedError
-    from .launcher import notebook_launcher
+    from .errors import LaunchTimeoutError, RankFailedError
+    from .launchers import launch
+    from .plan import make_plan
 
     if reservation is not None:
         reservation.close()  # rank 0's store binds it next
@@ -211,13 +206,14 @@ def _launch(function, args, config: dict, master: dict, writer: SignedWriter, re
 
         os.environ[BATCH_SIZES_ENV_VAR] = json.dumps(config["batch_sizes"])
     try:
-        notebook_launcher(function, args=args, num_processes=config["num_processes"], num_nodes=config["num_nodes"],
-                          node_rank=config["node_rank"], master_addr=master["master_addr"],
-                          use_port=str(master["master_port"]),
-                          mixed_precision=config["mixed_precision"], device=config["device"],
-                          backend=config["backend"], timeout=config["timeout"], debug=config["debug"],
-                          memory_limit=config["memory_limit"] or None, start_method="fork",
-                          display=ForwardingDisplay(writer))
+        plan = make_plan(function=function, args=args, num_processes=config["num_processes"],
+                         num_nodes=config["num_nodes"], node_rank=config["node_rank"],
+                         master_addr=master["master_addr"], use_port=str(master["master_port"]),
+                         mixed_precision=config["mixed_precision"], device=config["device"],
+                         backend=config["backend"], timeout=config["timeout"], debug=config["debug"],
+                         memory_limit=config["memory_limit"] or None, start_method="fork",
+                         results=config.get("results", "auto"))
+        launch(plan, ForwardingDisplay(writer), single_attempt=True)  # the launching kernel decides new tries
     except RankFailedError:
         return 1  # its events (failures, exits) are already on their way
     except LaunchTimeoutError as exc:

@@ -24,6 +24,7 @@ import time
 from collections import deque
 
 from .agent_channel import AGENT_ENV_VAR, SignedFrameReader, UnverifiedStream, node_key
+from .errors import HostFailedError
 from .events import AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
@@ -33,14 +34,6 @@ SSH_BASE_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-n
                     "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
 SSH_FIX = ("make each host reachable by key (`ssh-keygen`, then `ssh-copy-id HOST`) and check the host name, the "
            "port and the firewall; `notebook_launcher.doctor()` runs the same SSH check")
-
-
-class HostFailedError(RuntimeError):
-    """A host's agent could not run (SSH failed, the agent crashed, or its stream was not signed)."""
-
-    def __init__(self, message: str, run=None):
-        super().__init__(message)
-        self.run = run
 
 
 class _SocketControl:
@@ -123,7 +116,7 @@ class Cluster:
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
                 "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
-                "memory_limit": plan.memory_limit, "batch_sizes": plan.batch_sizes or {}}
+                "memory_limit": plan.memory_limit, "batch_sizes": plan.batch_sizes or {}, "results": plan.results}
 
     def _start(self, node: RemoteNode) -> None:
         node.process = subprocess.Popen(self.ssh_command(node), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -468,7 +461,7 @@ class Cluster:
 def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with="ssh",
                   mpirun_options=None) -> list[str]:
     """The hosts to start ranks on ([] for a launch on this machine only), checked before anything starts."""
-    from .plan import LaunchArgumentError
+    from .errors import LaunchArgumentError
 
     if start_hosts_with not in ("ssh", "mpirun"):
         raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default) or 'mpirun'")

@@ -136,7 +136,7 @@ def check_gpus(num_processes: int | None, gpus: list[dict]) -> Check:
 
 
 def check_port(port: int) -> Check:
-    from .plan import reserve_port
+    from .ports import reserve_port
 
     reservation = reserve_port("127.0.0.1", port)
     busy = reservation is None or reservation.note
@@ -249,7 +249,7 @@ def mpi_sanity_run(hostfile: str, processes: int) -> Check:
 
 def check_reproducibility() -> Check:
     """The effective batch size of the last run against the one before it in this kernel."""
-    from .launcher import recent_runs
+    from .runs import recent_runs
 
     runs = [run for run in recent_runs() if run.batch_sizes]
     if len(runs) < 2:

@@ -35,6 +35,8 @@ Kinds of events
 ``oom_retry`` data: ``{"key", "ranks", "batch_size", "new_batch_size", "error", "memory"}`` (made by the kernel):
              rank(s) ran out of memory; every rank restarts at the new size. A rank's own report travels as
              the ``oom_retry`` field of its ``failure`` event
+``restart``  data: ``{"attempt", "reason": "out of memory" | "failure", "batch_size", "text"}`` (made by the
+             kernel): every rank starts again, as attempt ``attempt``
 ``progress`` data: ``{"step", "total", "metrics": {name: number}}``: ``report(step=..., **metrics)``
 ``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
@@ -69,6 +71,7 @@ BATCH_SIZE = "batch_size"
 OUTPUT = "output"
 OOM_RETRY = "oom_retry"
 PROGRESS = "progress"
+RESTART = "restart"
 TRUNCATED_EVENT = "TruncatedEvent"  # a failure the kernel makes: an event cut short by the worker's death
 CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes on an event pipe that are no event
 # kinds an agent of a launch across hosts sends besides its ranks' events

@@ -147,41 +147,6 @@ def root_cause(failures: dict[int, RankFailure]) -> RankFailure | None:
     return min(failures.values(), key=lambda f: (f.secondary, f.time, f.rank))
 
 
-class RankFailedError(RuntimeError):
-    """A rank failed. The message starts with the root-cause rank and its traceback, then the other ranks.
-
-    Attributes: ``rank`` (the root-cause rank), ``failure`` (its RankFailure), ``failures`` (all, by rank),
-    ``run`` (the Run, with every event, exit code and the run log directory).
-    """
-
-    def __init__(self, message: str, failure: RankFailure, failures: dict, run):
-        super().__init__(message)
-        self.rank = failure.rank
-        self.failure = failure
-        self.failures = failures
-        self.run = run
-
-
-class LaunchTimeoutError(TimeoutError):
-    """The run went past ``timeout=``; the message holds every live rank's Python stacks at that moment."""
-
-    def __init__(self, message: str, run):
-        super().__init__(message)
-        self.run = run
-
-
-class ResultUnavailableError(RuntimeError):
-    """Every rank finished, but a return value could not be rebuilt in the kernel (unpickling it failed, e.g. its
-    class exists only in the worker). Attributes: ``rank``, ``type`` (the value's type name), ``reason``, ``run``
-    (the Run; the other ranks' results are in ``run.results``)."""
-
-    def __init__(self, rank: int, type_name: str, reason: str, run):
-        super().__init__(f"rank {rank} finished, but its return value (a {type_name}) could not be rebuilt in the "
-                         f"kernel: {reason}. Return plain data (tensors, numbers, dicts, a state_dict), or types "
-                         f"importable in the notebook.")
-        self.rank, self.type, self.reason, self.run = rank, type_name, reason, run
-
-
 def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracker: FailureTracker,
                     ranks: list[int], run_dir: str) -> str:
     lines = [f"Rank {cause.rank} failed first: {cause.headline}"]

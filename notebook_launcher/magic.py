@@ -214,7 +214,7 @@ class AccelerateMagics(Magics):
 
 
 def _check_picklable(namespace: dict) -> None:
-    from .plan import first_unpicklable
+    from .payload import first_unpicklable
 
     culprit = first_unpicklable(namespace.items())
     if culprit:

@@ -6,7 +6,6 @@ and the error for a bad argument names the parameter and the fix.
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import json
 import os
@@ -15,6 +14,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from .errors import LaunchArgumentError
 from .events import TRUE_VALUES
 from .results import RESULT_CHOICES
 
@@ -112,15 +112,14 @@ class LaunchPlan:
                 + (f"; {self.port_note}" if self.port_note else ""))
 
 
-class LaunchArgumentError(ValueError):
-    """A launch argument is wrong; raised in the kernel before any process starts."""
+def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", use_port="29500",
+              master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
+              rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
+              start_method="auto", device="auto", backend="auto", timeout=None, debug=None, config_file=None,
+              memory_limit=None, results="auto") -> LaunchPlan:
+    """Check every argument (the keywords of ``notebook_launcher``) and decide device, backend and start method.
 
-
-def make_plan(function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
-              rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
-              log_line_prefix_template, start_method, device, backend, timeout, debug=None,
-              config_file=None, memory_limit=None, results="auto") -> LaunchPlan:
-    """Check every argument and decide device, backend, start method and port."""
+    No I/O beyond looking: the port is reserved and the payload pickled by the launch itself."""
     if not callable(function):
         raise TypeError(f"function must be callable (the training function to run on every rank), "
                         f"got {type(function).__name__}: {function!r}")
@@ -447,123 +446,10 @@ def fork_unsafe_message(why: str) -> str:
     return f"start_method='fork' cannot be used: {why}. Fix: {fix}."
 
 
-class PortReservation:
-    """A listening socket the kernel holds for one launch attempt; rank 0's TCPStore serves on it.
-
-    Binding in the kernel, before any worker starts, means no other program (or another notebook's launch) can
-    take the port between our check and rank 0's bind, and peers that connect before rank 0 is ready wait in
-    the listen backlog instead of retrying. The store server itself runs in rank 0, never in the kernel.
-    """
-
-    def __init__(self, host: str, requested: int):
-        self.note = ""
-        try:
-            self.socket = _listen(host, requested)
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise  # not an address of this machine
-            self.socket = _listen(host, 0)
-            self.note = f"port {requested} is busy, using {self.socket.getsockname()[1]}"
-        self.port = self.socket.getsockname()[1]
-
-    def fileno(self) -> int:
-        return self.socket.fileno()
-
-    def close(self) -> None:
-        self.socket.close()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a just-finished run's port is fine
-        listener.bind((host, port))
-        listener.listen(1024)  # a second program that bound the same port too fails here, not later
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
-
-def reserve_port(host: str, requested: int) -> PortReservation | None:
-    """The requested port if it is free, else any free one, held until the workers have started; None when
-    ``host`` is not an address of this machine (the port is then used as given)."""
-    try:
-        return PortReservation(host, requested)
-    except socket.gaierror:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.EADDRNOTAVAIL:
-            return None
-        raise
-
-
 def _torch():
     import torch
 
     return torch
-
-
-def spawn_payload(function, args) -> bytes:
-    """What a spawned worker loads: the kernel's sys.path, then (function, args) by cloudpickle.
-
-    Pickled here, in the kernel, so an unpicklable function or argument is named before any process starts.
-    """
-    import pickle
-
-    import cloudpickle
-
-    try:
-        return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))
-    except Exception:  # noqa: BLE001 - find which object it was, for the message
-        pass
-    name = getattr(function, "__qualname__", repr(function))
-    try:
-        cloudpickle.dumps(function)
-    except Exception as exc:  # noqa: BLE001 - any pickling error is reported the same way
-        culprit = _unpicklable_reference(function)
-        what = f"it refers to {culprit}" if culprit else f"{type(exc).__name__}: {exc}"
-        raise TypeError(
-            f"function {name} cannot be pickled for start_method='spawn': {what}. Create that object inside the "
-            f"function, or use start_method='fork'.") from exc
-    culprit = first_unpicklable((f"args[{index}]", value) for index, value in enumerate(args))
-    if culprit:
-        label, value, exc = culprit
-        raise TypeError(
-            f"{label} (a {type(value).__name__}) cannot be pickled for start_method='spawn': "
-            f"{type(exc).__name__}: {exc}. Create it inside the function, or use start_method='fork'.") from exc
-    return pickle.dumps(list(sys.path)) + cloudpickle.dumps((function, tuple(args)))  # raises what it raises
-
-
-def first_unpicklable(named_values):
-    """The first (name, value, error) that cloudpickle cannot pickle, modules skipped (they go by name)."""
-    import cloudpickle
-
-    for name, value in named_values:
-        if isinstance(value, type(sys)):
-            continue
-        try:
-            cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - any pickling error is reported the same way
-            return name, value, exc
-    return None
-
-
-def _unpicklable_reference(function) -> str:
-    """The first global or closure variable of ``function`` that cloudpickle cannot pickle, described."""
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return ""
-    candidates = []
-    for var, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or ()):
-        try:
-            candidates.append((var, cell.cell_contents))
-        except ValueError:
-            continue
-    function_globals = getattr(function, "__globals__", {})
-    candidates += [(var, function_globals[var]) for var in code.co_names if var in function_globals]
-    culprit = first_unpicklable(candidates)
-    return f"`{culprit[0]}` (a {type(culprit[1]).__name__})" if culprit else ""
 
 
 def import_xla_multiprocessing():

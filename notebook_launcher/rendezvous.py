@@ -15,7 +15,7 @@ import ipaddress
 import socket
 from datetime import timedelta
 
-from .plan import PortReservation
+from .ports import PortReservation
 
 MASTER_KEY = "notebook_launcher.master"  # node 0 publishes "addr:port" here, per rendezvous round
 DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's default

@@ -317,8 +317,7 @@ def test_an_agent_that_cannot_prove_it_belongs_to_the_run_is_refused():
     from notebook_launcher.cluster import Cluster
     from notebook_launcher.plan import make_plan
 
-    plan = make_plan(everyone, ("/x",), 1, "no", "29500", "127.0.0.1", 0, 2, "static", "", None, "none", 0, 0.1,
-                     None, "auto", "cpu", "auto", None, None, None, None)
+    plan = make_plan(function=everyone, args=("/x",), num_processes=1, num_nodes=2, device="cpu")
     cluster = Cluster(plan, HOSTS, None, b"", lambda event: None, lambda text: None, start_with="mpirun")
     cluster._listener = socket.create_server(("127.0.0.1", 0))
     port = cluster._listener.getsockname()[1]

@@ -123,9 +123,9 @@ def test_same_effective_batch_and_the_reproducibility_check(monkeypatch):
 def test_an_old_kernel_is_warned_about_once_at_launch(monkeypatch, capsys):
     import platform
 
-    from notebook_launcher import launcher
+    from notebook_launcher.launchers import driver
 
-    monkeypatch.setattr(launcher, "_kernel_checked", False)
+    monkeypatch.setattr(driver, "_kernel_checked", False)
     monkeypatch.setattr(platform, "release", lambda: "5.4.0-generic")
     notebook_launcher(lambda: None, num_processes=2, device="cpu")
     notebook_launcher(lambda: None, num_processes=2, device="cpu")

@@ -330,9 +330,9 @@ def test_unknown_runs_are_named_with_recent_ones(runs_dir):
 
 
 def test_no_run_at_all(runs_dir, monkeypatch):
-    from notebook_launcher import launcher
+    from notebook_launcher import runs
 
-    monkeypatch.setattr(launcher, "_last_run", None)
+    monkeypatch.setattr(runs, "_recent_runs", [])
     with pytest.raises(RunNotFoundError, match="no run was launched in this process"):
         inspect_run()
     log = RunLog()

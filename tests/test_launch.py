@@ -213,7 +213,8 @@ def test_max_restarts_relaunches_all_ranks(tmp_path):
     assert notebook_launcher(flaky, num_processes=2, device="cpu", max_restarts=1) == "ok"
     run = last_run()
     assert run.attempts == 2 and run.status == "finished"
-    assert any(e.kind == "launcher" and "restarting all ranks" in e.data["text"] for e in run.events)
+    assert any(e.kind == "restart" and "restarting all ranks" in e.data["text"] and e.data["attempt"] == 2
+               for e in run.events)
 
 
 CONCURRENT_LAUNCHES = """

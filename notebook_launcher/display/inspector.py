@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import ipywidgets as widgets
 
+from ..errors import RunNotFoundError
 from ..runlog import RUN_ID, runs_root
 
 __all__ = ["Row", "RunInspector", "RunNotFoundError", "inspect_run"]
@@ -55,10 +56,6 @@ class Row(NamedTuple):
     haystack: str  # text and detail in lower case, for the search box
 
 
-class RunNotFoundError(LookupError):
-    """inspect_run() was given something that names no run log."""
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Finding the run
 
@@ -84,7 +81,7 @@ def _known_runs_note(root: str, limit: int = 5) -> str:
 def resolve_run(run: Any = None) -> tuple[str, Any]:
     """The run directory for ``run`` (a Run or the error a launch raised, a run id or a unique part of one, a run
     directory or its events.jsonl, or None for the last run), and the Run object when there is one."""
-    from ..launcher import last_run, recent_runs
+    from ..runs import last_run, recent_runs
 
     root = runs_root()
     if run is None:

@@ -11,7 +11,7 @@ import re
 import time
 from collections import deque
 
-from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, STREAM,
+from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART, SHAPE_MISMATCH, STATUS, STREAM,
                       TRIGGER, Event)
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
@@ -203,9 +203,6 @@ class RunState:
         self._bounded(self.oom_retries).append({
             "t": self._t(event), "ranks": data.get("ranks", [event.rank]), "batch_size": data.get("batch_size"),
             "new_batch_size": data.get("new_batch_size"), "error": str(data.get("error", ""))[:MAX_TEXT]})
-        self.attempt += 1
-        for rank in self.ranks.values():  # every rank starts again
-            rank.status, rank.exit_code, rank._last_step = "starting", None, None
 
     def _on_batch_size(self, event: Event) -> None:
         self.batch_size = event.data.get("batch_size")
@@ -216,12 +213,15 @@ class RunState:
              "call_site": event.data.get("call_site")})
 
     def _on_launcher(self, event: Event) -> None:
-        text = str(event.data.get("text", ""))
-        self.note(text)
-        if "restarting all ranks" in text:
-            self.attempt += 1
-            for rank in self.ranks.values():
-                rank.status, rank.exit_code, rank._last_step = "starting", None, None
+        self.note(str(event.data.get("text", "")))
+
+    def _on_restart(self, event: Event) -> None:
+        """Every rank starts again (an out-of-memory step down, or max_restarts), on this host or on all."""
+        self.attempt = int(event.data.get("attempt", self.attempt + 1))
+        if event.data.get("reason") != "out of memory":  # (the out-of-memory card says it already)
+            self.note(str(event.data.get("text", "")))
+        for rank in self.ranks.values():
+            rank.status, rank.exit_code, rank._last_step = "starting", None, None
 
     @staticmethod
     def _bounded(items: list) -> list:
@@ -262,4 +262,5 @@ _HANDLERS = {
     PROGRESS: RunState._on_progress, FAILURE: RunState._on_failure, EXIT: RunState._on_exit,
     SHAPE_MISMATCH: RunState._on_shape_mismatch, OOM_RETRY: RunState._on_oom_retry,
     BATCH_SIZE: RunState._on_batch_size, TRIGGER: RunState._on_trigger, LAUNCHER: RunState._on_launcher,
+    RESTART: RunState._on_restart,
 }

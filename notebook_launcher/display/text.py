@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, STREAM, TRIGGER, Event
+from ..events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, RESTART, STREAM, TRIGGER, Event
 
 
 class TextDisplay:
@@ -62,7 +62,7 @@ class TextDisplay:
             self._write("stdout", f"notebook_launcher: rank {ranks} ran out of memory at batch size "
                                   f"{data['batch_size']} ({data['error']}); restarting all ranks at batch size "
                                   f"{data['new_batch_size']}\n")
-        elif event.kind == LAUNCHER:
+        elif event.kind == LAUNCHER or event.kind == RESTART and event.data.get("reason") != "out of memory":
             self._write("stdout", f"notebook_launcher: {event.data.get('text', '')}\n")
 
     def _write(self, stream: str, text: str) -> None:

@@ -1,0 +1,63 @@
+"""Every error the launcher raises, under one base: ``except NotebookLauncherError`` catches any of them.
+
+Each also subclasses the built-in a user would expect (a bad argument is a ``ValueError``, a timeout a
+``TimeoutError``), so existing ``except`` clauses keep working. The messages are written where the error is
+raised; the classes only carry what a caller may want to inspect (the ``Run``, the root-cause rank).
+"""
+
+from __future__ import annotations
+
+
+class NotebookLauncherError(Exception):
+    """Base of notebook_launcher's own errors."""
+
+
+class LaunchArgumentError(NotebookLauncherError, ValueError):
+    """A launch argument is wrong; raised in the kernel before any process starts."""
+
+
+class RankFailedError(NotebookLauncherError, RuntimeError):
+    """A rank failed. The message starts with the root-cause rank and its traceback, then the other ranks.
+
+    Attributes: ``rank`` (the root-cause rank), ``failure`` (its RankFailure), ``failures`` (all, by rank),
+    ``run`` (the Run, with every event, exit code and the run log directory).
+    """
+
+    def __init__(self, message: str, failure, failures: dict, run):
+        super().__init__(message)
+        self.rank = failure.rank
+        self.failure = failure
+        self.failures = failures
+        self.run = run
+
+
+class LaunchTimeoutError(NotebookLauncherError, TimeoutError):
+    """The run went past ``timeout=`` (or hung); the message holds every live rank's Python stacks then."""
+
+    def __init__(self, message: str, run):
+        super().__init__(message)
+        self.run = run
+
+
+class HostFailedError(NotebookLauncherError, RuntimeError):
+    """A host's agent could not run (SSH failed, the agent crashed, or its stream was not signed)."""
+
+    def __init__(self, message: str, run=None):
+        super().__init__(message)
+        self.run = run
+
+
+class ResultUnavailableError(NotebookLauncherError, RuntimeError):
+    """Every rank finished, but a return value could not be rebuilt in the kernel (unpickling it failed, e.g. its
+    class exists only in the worker). Attributes: ``rank``, ``type`` (the value's type name), ``reason``, ``run``
+    (the Run; the other ranks' results are in ``run.results``)."""
+
+    def __init__(self, rank: int, type_name: str, reason: str, run):
+        super().__init__(f"rank {rank} finished, but its return value (a {type_name}) could not be rebuilt in the "
+                         f"kernel: {reason}. Return plain data (tensors, numbers, dicts, a state_dict), or types "
+                         f"importable in the notebook.")
+        self.rank, self.type, self.reason, self.run = rank, type_name, reason, run
+
+
+class RunNotFoundError(NotebookLauncherError, LookupError):
+    """``inspect_run`` (or ``Run.panel``) was given a run that is not in this process nor in the run log folder."""

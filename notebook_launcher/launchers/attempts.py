@@ -1,0 +1,134 @@
+"""The policy of attempts, one for every launcher that starts processes (here, or on several hosts).
+
+An attempt starts every rank; its events come in through ``Attempts.on_event`` (kept on the Run, written to the
+run log, followed by the attempt's FailureTracker, released in order to the display). When an attempt fails, one
+rule decides whether there is another: an out-of-memory error in ``find_executable_batch_size`` starts every rank
+again at the smallest size any rank proposes; any other failure does while ``max_restarts`` allows. Each new
+attempt is announced by a ``restart`` event, which every display reads (none parses text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from ..events import BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
+from ..failure import FailureTracker, root_cause
+from ..ordering import InOrderRelease
+from ..results import unpack_result
+from ..runlog import RunLog
+from ..runs import Run
+
+MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
+
+
+class Attempts:
+    """The attempts of one launch. ``single_attempt``: never try again here (an agent of a launch across hosts:
+    the launching kernel decides new tries for every host)."""
+
+    def __init__(self, run: Run, log: RunLog, display, single_attempt: bool = False):
+        self.run = run
+        self.log = log
+        self.display = display
+        self.single_attempt = single_attempt
+        self.restarts = 0
+        self.tracker = FailureTracker()
+        self.in_order: InOrderRelease | None = None
+
+    # -- one attempt ------------------------------------------------------------------------------------------
+    def begin(self, ranks) -> None:
+        """A new attempt of these ranks: a fresh failure tracker and in-order buffer."""
+        self.run.attempts += 1
+        self.tracker = FailureTracker()
+        self.in_order = InOrderRelease(list(ranks), self.display.show)
+        self.run.status = "running"
+
+    def tick(self) -> None:
+        """Called by the supervising loop after each wait: in-order lines whose time has come, the display."""
+        self.in_order.release()
+        self.display.tick()
+
+    def end(self) -> None:
+        self.in_order.release(everything=True)
+
+    def on_event(self, event: Event) -> None:
+        """Every event of the attempt, in the order the kernel read it."""
+        run = self.run
+        if event.kind == STREAM and event.data.get("redraw"):
+            pass  # a progress bar's passing state: in the run log and the panel only
+        elif event.kind == RESULT:
+            run.events.append(dataclasses.replace(event, attachment=b""))  # the value itself is in run.results
+        elif event.kind not in (STREAM, LOG) or len(run.events) < MAX_EVENTS_IN_MEMORY:
+            run.events.append(event)
+        else:
+            run.events_dropped += 1  # output lines beyond the cap are in the run log only
+        self.log.write(event)
+        self.tracker.observe(event)
+        self.in_order.push(event)
+        if event.kind == RESULT:
+            self._receive_result(event)
+        elif event.kind == BATCH_SIZE:
+            run.batch_sizes[event.data["key"]] = event.data["batch_size"]
+        elif event.kind == EXIT:
+            run.exit_codes[event.rank] = event.data.get("exit_code")
+
+    def _receive_result(self, event: Event) -> None:
+        if event.data.get("kept") is False:
+            self.run.results_left_out[event.rank] = event.data.get("reason", "")
+            return
+        try:
+            self.run.results[event.rank] = unpack_result(event.data, event.attachment)
+        except Exception as exc:  # noqa: BLE001 - keep supervising; the launch raises it once every rank is done
+            self.run.results_unavailable[event.rank] = (str(event.data.get("type")), f"{type(exc).__name__}: {exc}")
+
+    # -- between attempts -------------------------------------------------------------------------------------
+    def next_plan(self, plan, failures: dict, who: str, may_retry: bool = True):
+        """After a failed attempt: the plan of the next one, or None (the caller raises). Sets the Run's failures
+        and root cause either way. ``may_retry=False``: the attempt cannot be repeated (a host could not run)."""
+        run = self.run
+        run.failures, run.root_cause = failures, root_cause(failures)
+        cause = run.root_cause
+        if self.single_attempt or not may_retry:
+            return None
+        if cause.oom_retry:
+            retry = agreed_retry(failures)
+            run.oom_retries.append(retry)
+            self.on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+            self._restart(cause.rank, "out of memory", retry["new_batch_size"],
+                          f"restarting {who} at batch size {retry['new_batch_size']}")
+            return dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
+                                                          retry["key"]: retry["new_batch_size"]})
+        if self.restarts >= plan.max_restarts:
+            return None
+        self.restarts += 1
+        self._restart(cause.rank, "failure", None,
+                      f"rank {cause.rank} failed ({cause.headline.splitlines()[0][:200]}); restarting {who} "
+                      f"({self.restarts} of max_restarts={plan.max_restarts})")
+        return plan
+
+    def _restart(self, rank: int, reason: str, batch_size: int | None, text: str) -> None:
+        self.on_event(Event(rank=rank, seq=0, time=time.monotonic(), kind=RESTART, data={
+            "attempt": self.run.attempts + 1, "reason": reason, "batch_size": batch_size, "text": text}))
+
+    def finished(self) -> Any:
+        """Every rank of the last attempt finished: rank 0's result (or ResultUnavailableError)."""
+        from ..errors import ResultUnavailableError
+
+        run = self.run
+        run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
+        if run.results_unavailable:
+            run.status = "failed"
+            rank, (type_name, reason) = min(run.results_unavailable.items())
+            raise ResultUnavailableError(rank, type_name, reason, run)
+        run.status = "finished"
+        if run.oom_retries:
+            self.display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
+        return run.result(0)
+
+
+def agreed_retry(failures: dict) -> dict:
+    """One retry for all ranks that ran out of memory at this try: the smallest size any of them proposes."""
+    reports = {rank: failure.oom_retry for rank, failure in failures.items() if failure.oom_retry}
+    first = min(reports.items(), key=lambda item: item[1]["new_batch_size"])[1]
+    return {**first, "ranks": sorted(reports), "new_batch_size": min(r["new_batch_size"] for r in reports.values())}

@@ -1,0 +1,120 @@
+"""One launch from a checked plan: the run's record and log, the display, the launcher that fits the plan, and
+the end of the story whatever happens (status, the panel's last state, the summary on disk).
+
+``notebook_launcher()`` calls ``launch`` after checking its arguments; an agent of a launch across hosts calls it
+with a display of its own (which forwards every event) and ``single_attempt=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+from ..display import TextDisplay
+from ..display.panel import PanelDisplay, wants_panel
+from ..display.state import RunState
+from ..payload import spawn_payload
+from ..runlog import RunLog
+from ..runs import Run, remember
+from .attempts import Attempts
+from .hosts import HostSettings, HostsLauncher
+from .in_kernel import InKernelLauncher
+from .local import LocalLauncher
+from .xla import XlaLauncher
+
+_kernel_checked = False
+
+
+def launch(plan, display="auto", hosts: HostSettings | None = None, single_attempt: bool = False) -> Any:
+    """Run the plan; return rank 0's result or raise the one error that tells what happened."""
+    __tracebackhide__ = True
+    launcher = choose_launcher(plan, hosts)
+    log = RunLog()
+    run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
+              start_method=plan.start_method, num_processes=plan.num_processes, world_size=plan.world_size)
+    remember(run)
+    panel = None
+    if not isinstance(display, str):
+        shown = display
+    elif wants_panel(display) and not plan.runs_in_kernel and plan.device != "xla":
+        ranks = range(plan.world_size) if hosts else [plan.global_rank(local) for local in range(plan.num_processes)]
+        shown = panel = PanelDisplay(RunState(run.run_id, run.run_dir, plan.device, plan.backend, plan.start_method,
+                                              plan.num_processes, plan.world_size, list(ranks)),
+                                     plan.log_line_prefix_template)
+    else:
+        shown = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
+    _warn_old_kernel_once(shown)
+    started = time.monotonic()
+    try:
+        return launcher.launch(plan, run, shown, Attempts(run, log, shown, single_attempt))
+    except KeyboardInterrupt:
+        run.status = "interrupted"
+        shown.note("interrupted" if plan.runs_in_kernel else
+                   f"interrupted: stopped all {plan.num_processes} worker(s)")
+        raise
+    except BaseException as error:
+        if run.status in ("starting", "running"):
+            run.status = "failed"
+        if panel is not None:
+            run.panel_state = panel.finish(run.status, failure=_failure_for_panel(run, error),
+                                           stuck_ranks=run.stuck_ranks)
+            panel = None
+        raise
+    finally:
+        if panel is not None:  # finished, or interrupted
+            interrupted = {"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt", "traceback": "",
+                           "message": "interrupted: every worker was stopped", "stacks": {}}
+            finished = run.status == "finished"
+            run.panel_state = panel.finish(run.status, result_type=type(run.result(0)).__name__ if finished else None,
+                                           failure=interrupted if run.status == "interrupted" else None)
+        run.duration = time.monotonic() - started
+        _close(run, log, shown)
+
+
+def choose_launcher(plan, hosts: HostSettings | None):
+    """The mechanism for this plan. (A new one goes here: a class with ``launch(plan, run, display, attempts)``.)"""
+    if hosts is not None:
+        return HostsLauncher(hosts, spawn_payload(plan.function, plan.args))
+    if plan.runs_in_kernel:
+        return InKernelLauncher()
+    if plan.device == "xla":
+        return XlaLauncher()
+    return LocalLauncher(spawn_payload(plan.function, plan.args) if plan.spawns_workers else b"")
+
+
+def _close(run: Run, log: RunLog, display) -> None:
+    """The run log is the record, not the result: a folder removed under us must not hide the outcome."""
+    try:
+        payload_file = log.file("payload.pkl")
+        if os.path.exists(payload_file):
+            os.remove(payload_file)
+        log.write_summary(run.summary())
+    except OSError as exc:
+        display.note(f"warning: could not write the run's summary in {run.run_dir} ({exc})")
+    finally:
+        log.close()
+
+
+def _failure_for_panel(run: Run, error: BaseException) -> dict:
+    """What the panel shows first when a run ends badly: the root cause's traceback, then the whole story."""
+    cause = run.root_cause
+    kind = {"hung": "hang", "timed out": "timeout"}.get(run.status, "failure")
+    return {"kind": kind, "rank": cause.rank if cause and kind == "failure" else None,
+            "type": cause.type if cause and kind == "failure" else type(error).__name__,
+            "traceback": cause.traceback if cause and kind == "failure" else "",
+            "message": str(error), "stacks": {str(rank): text for rank, text in run.stacks.items()}}
+
+
+def _warn_old_kernel_once(display) -> None:
+    global _kernel_checked
+    if _kernel_checked or not sys.platform.startswith("linux"):
+        return
+    _kernel_checked = True
+    from ..doctor import WARNING, check_kernel_release
+
+    check = check_kernel_release(platform.release())
+    if check.verdict == WARNING:
+        display.note(f"warning: Linux kernel {check.found} ({check.fix})")

@@ -1,0 +1,82 @@
+"""Ranks on several hosts from one notebook (``hosts=`` or ``hostfile=``): an agent per host, started over SSH
+or by mpirun (``cluster.Cluster``), whose signed events join this kernel's pipeline like local ranks' events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..cluster import STOP_GRACE_S, Cluster
+from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
+from ..failure import failure_message
+from ..runs import Run
+from .attempts import Attempts
+
+
+@dataclass
+class HostSettings:
+    """Where and how the hosts' agents start (checked by ``cluster.resolve_hosts``)."""
+
+    hosts: list
+    ssh_options: list | None = None
+    start_with: str = "ssh"  # "ssh" | "mpirun"
+    mpirun_options: list | None = None
+
+
+class HostsLauncher:
+    """``launch()`` starts every host's agent for each attempt; an out-of-memory step down or a restart
+    (max_restarts) starts every host again; the first failure anywhere stops every host."""
+
+    def __init__(self, settings: HostSettings, payload: bytes):
+        self.settings = settings
+        self.payload = payload  # (function, args), pickled for the agents
+
+    def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
+        hosts = self.settings.hosts
+        display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
+                     f"per host, on {plan.device} ({plan.backend})")
+        while True:
+            attempts.begin(range(plan.world_size))
+            cluster = Cluster(plan, hosts, self.settings.ssh_options, self.payload, attempts.on_event, display.note,
+                              on_tick=attempts.tick, start_with=self.settings.start_with,
+                              mpirun_options=self.settings.mpirun_options)
+            try:
+                cluster.run(plan.timeout)
+            finally:
+                attempts.end()
+            if cluster.stop_reason == "interrupted":
+                raise KeyboardInterrupt
+            failures = attempts.tracker.failures()
+            problem = cluster.host_problem()
+            if failures:
+                again = attempts.next_plan(plan, failures, "every host", may_retry=not problem)
+                if again is not None:
+                    plan = again
+                    continue
+                raise self._rank_failed(plan, run, attempts, failures, problem)
+            if problem:
+                run.status = "failed"
+                raise HostFailedError(problem, run)
+            if cluster.stop_reason == "timeout":
+                run.status = "timed out"
+                raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
+                                         f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
+            reported = cluster.node_error()
+            if reported:
+                node, error = reported
+                run.status = "timed out" if error.get("type") == "LaunchTimeoutError" else "failed"
+                text = f"host {node.host} (node {node.node_rank}): {error.get('message')}"
+                if error.get("type") == "LaunchTimeoutError":
+                    raise LaunchTimeoutError(text, run)
+                raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
+            return attempts.finished()
+
+    def _rank_failed(self, plan, run: Run, attempts: Attempts, failures: dict, problem) -> RankFailedError:
+        """The root cause first, then which host each rank ran on (and why a host could not run, if one could not)."""
+        hosts, cause = self.settings.hosts, run.root_cause
+        run.status = "failed"
+        message = failure_message(cause, failures, attempts.tracker, list(range(plan.world_size)), run.run_dir)
+        where = "; ".join(f"{host}: ranks {node * plan.num_processes}-{(node + 1) * plan.num_processes - 1}"
+                          for node, host in enumerate(hosts))
+        message += f"\n\nRank {cause.rank} ran on {hosts[cause.rank // plan.num_processes]} ({where})."
+        return RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures, run)

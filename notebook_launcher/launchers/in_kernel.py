@@ -1,0 +1,45 @@
+"""One process on one node: the function runs in the kernel itself (no fork, no pickling, a debugger works)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..runs import Run
+
+
+class InKernelLauncher:
+    """A one-process default group (so DDP code runs unchanged) and the Accelerate variables, both put back as
+    they were afterwards. ``timeout`` does not apply here."""
+
+    def launch(self, plan, run: Run, display, attempts=None) -> Any:
+        import torch.distributed as dist
+
+        display.note(f"1 process: running {_name(plan.function)} in this kernel on {plan.device}")
+        env = {"ACCELERATE_MIXED_PRECISION": plan.mixed_precision, "RANK": "0", "LOCAL_RANK": "0",
+               "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+        if plan.device == "cpu":
+            env["ACCELERATE_USE_CPU"] = "true"
+        saved = {key: os.environ.get(key) for key in env}
+        own_group = dist.is_available() and not dist.is_initialized() and plan.device in ("cpu", "cuda")
+        run.status = "running"
+        os.environ.update(env)
+        try:
+            if own_group:
+                dist.init_process_group(plan.backend, store=dist.HashStore(), rank=0, world_size=1)
+            result = plan.function(*plan.args)
+        finally:
+            if own_group and dist.is_initialized():
+                dist.destroy_process_group()
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        run.results[0] = result
+        run.status = "finished"
+        return result
+
+
+def _name(function) -> str:
+    return getattr(function, "__qualname__", type(function).__name__)

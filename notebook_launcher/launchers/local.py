@@ -1,0 +1,122 @@
+"""Ranks on this machine: one forked or spawned worker per rank, supervised by this kernel.
+
+On several nodes each node's kernel runs this launcher for its own ranks; with ``rdzv_backend="c10d"`` the
+nodes first meet at torch's rendezvous, which gives each its node rank and node 0's store address.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from ..errors import LaunchTimeoutError, RankFailedError
+from ..failure import failure_message, hang_message
+from ..ports import reserve_port
+from ..rendezvous import NodeRendezvous, NodeRendezvousTimeout
+from ..runs import Run
+from ..supervisor import Supervisor
+from .attempts import Attempts
+
+
+class LocalLauncher:
+    """``launch()`` runs every attempt of a launch on this machine and returns rank 0's result."""
+
+    def __init__(self, payload: bytes = b""):
+        self.payload = payload  # (function, args) pickled, for spawned workers; b"" under fork
+
+    def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
+        if plan.start_method == "fork":
+            import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (~1 s each)
+        payload_path = self._write_payload(attempts.log) if self.payload else ""
+        meeting_point = None
+        if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
+            meeting_point = NodeRendezvous.for_launch(f"{plan.master_addr}:{plan.requested_port}", plan.rdzv_id,
+                                                      plan.num_nodes, plan.timeout, plan.rdzv_conf)
+        while True:
+            plan, reservation = self._place(plan, run, display, meeting_point)
+            if run.attempts == 0:
+                display.note(plan.describe())
+            attempts.begin(plan.global_rank(local) for local in range(plan.num_processes))
+            supervisor = Supervisor(plan, attempts.on_event, payload_path, on_tick=attempts.tick,
+                                    store_listen_fd=reservation.fileno() if reservation else -1,
+                                    progress_dir=run.run_dir)
+            try:  # once started, rank 0 has its own copy of the listening socket
+                supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
+            finally:
+                if reservation is not None:
+                    reservation.close()
+                supervisor.close()
+                attempts.end()
+            ranks = [worker.rank for worker in supervisor.workers]
+            if supervisor.stop_reason in ("hang", "timeout"):
+                raise _hang_error(plan, run, attempts, supervisor, ranks)
+            failures = attempts.tracker.failures()
+            if not failures and supervisor.stop_reason is None:
+                return attempts.finished()
+            again = attempts.next_plan(plan, failures, "all ranks")
+            if again is None:
+                run.status = "failed"
+                raise RankFailedError(failure_message(run.root_cause, failures, attempts.tracker, ranks,
+                                                      run.run_dir), run.root_cause, failures, run)
+            plan = again
+
+    def _write_payload(self, log) -> str:
+        """Where spawned workers load (function, args) from: a private file in the run's folder, removed when the
+        launch ends."""
+        path = log.file("payload.pkl")
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(self.payload)
+        return path
+
+    @staticmethod
+    def _place(plan, run: Run, display, meeting_point):
+        """Where this attempt's ranks meet: c10d's answer across nodes, else the port reserved here."""
+        if meeting_point is not None:  # c10d: the nodes meet; node 0 tells the others where the store is
+            meeting = _meet(meeting_point, plan, run)
+            plan = dataclasses.replace(plan, node_rank=meeting.node_rank, master_addr=meeting.master_addr,
+                                       master_port=meeting.master_port)
+            display.retarget(plan.node_rank, [plan.global_rank(local) for local in range(plan.num_processes)])
+            return plan, meeting.reservation
+        reservation = reserve_port(plan.master_addr, plan.requested_port) if plan.num_nodes == 1 else None
+        if reservation is not None:
+            plan = dataclasses.replace(plan, master_port=reservation.port, port_note=reservation.note)
+        return plan, reservation
+
+
+def _hang_error(plan, run: Run, attempts: Attempts, supervisor, ranks) -> LaunchTimeoutError:
+    tracker = attempts.tracker
+    run.status = "hung" if supervisor.stop_reason == "hang" else "timed out"
+    message = hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq, plan.timeout, run.run_dir,
+                           supervisor.stop_reason == "timeout")
+    run.stuck_ranks = sorted(rank for rank, info in supervisor.snapshot.items() if info.get("state") == "running")
+    run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq)) for rank, seq in supervisor.stack_dump_seq.items()}
+    if all(tracker.state(rank) == "starting" for rank in ranks):
+        message = _rendezvous_note(plan) + "\n\n" + message
+    return LaunchTimeoutError(message, run)
+
+
+def _meet(meeting_point: NodeRendezvous, plan, run: Run):
+    try:
+        return meeting_point.meet()
+    except NodeRendezvousTimeout as exc:
+        meeting_point.forget()
+        run.status = "timed out"
+        raise LaunchTimeoutError(
+            f"This node waited at the c10d rendezvous {meeting_point.endpoint} (rdzv_id={plan.rdzv_id!r}) for "
+            f"all {plan.num_nodes} nodes and not all arrived within {meeting_point.join_timeout:g} s: a node never "
+            f"joined. Start the same launch on every node with the same num_nodes, rdzv_endpoint and rdzv_id, "
+            f"and check that {meeting_point.endpoint} is reachable from every node. (torch: {exc})", run) from None
+
+
+def _rendezvous_note(plan) -> str:
+    """No rank got past joining the process group: on several nodes, a node that never arrived."""
+    where = f"{plan.master_addr}:{plan.master_port}"
+    if plan.num_nodes > 1:
+        return (f"The ranks of node {plan.node_rank} waited at the rendezvous ({where}) for all {plan.world_size} "
+                f"ranks and not all arrived within timeout={plan.timeout:g} s: a node never joined. Start the "
+                f"same launch on every node, each with its own node_rank (0..{plan.num_nodes - 1}), the same "
+                f"num_nodes, master_addr and use_port, and check that {where} is reachable from every node.")
+    return (f"No rank finished joining the process group ({where}) within timeout={plan.timeout:g} s; see where "
+            f"each one was below.")
