@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import ipywidgets as widgets
 
 from ..events import _RUN_ID, runs_root
+from .describe import describe, first_line, log_text
 
 __all__ = ["Row", "RunInspector", "RunNotFoundError", "inspect_run"]
 
@@ -134,70 +135,6 @@ def resolve_run(run: Any = None) -> tuple[str, Any]:
 # Reading the log into rows
 
 
-def _first_line(text: Any) -> str:
-    return str(text or "").split("\n", 1)[0]
-
-
-def _number(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def describe(kind: str, data: dict) -> tuple[str, str, str, int, str] | None:
-    """(kind, level, levelno, text, detail) for one event, or None for records that say nothing to a reader."""
-    if kind in ("stream", "output"):
-        return data.get("stream") or "stdout", "", 0, str(data.get("text", "")), ""
-    if kind == "log":
-        if "message" not in data:
-            return None  # an in_order placeholder: the rank's level filtered its record out
-        level = str(data.get("level") or "")
-        levelno = data.get("levelno")
-        if not isinstance(levelno, int):
-            levelno = logging.getLevelName(level) if isinstance(logging.getLevelName(level), int) else 0
-        detail = "\n".join(str(extra) for extra in (data.get("exc_text"), data.get("stack")) if extra)
-        return "log", level, levelno, f"{data.get('logger')}: {data['message']}", detail
-    if kind == "failure":
-        message = str(data.get("message") or "")
-        head = f"{data.get('type')}: {_first_line(message)}" if message else str(data.get("type"))
-        detail = str(data.get("traceback") or "") or (message if "\n" in message else "")
-        return "failure", "", 0, head, detail
-    if kind == "exit":
-        if data.get("signal_name"):
-            text = f"killed by {data['signal_name']}"
-        else:
-            text = f"exit code {data.get('exit_code')}"
-        return "exit", "", 0, text + (" (stopped by the launcher)" if data.get("stopped_by_launcher") else ""), ""
-    if kind == "status":
-        extras = [f"{key.replace('_', ' ')} {data[key]}" for key in ("pid", "local_rank", "exit_code")
-                  if data.get(key) is not None]
-        return "status", "", 0, str(data.get("state")) + (f" ({', '.join(extras)})" if extras else ""), ""
-    if kind == "result":
-        return "result", "", 0, f"returned a {data.get('type')} ({data.get('bytes')} bytes pickled)", ""
-    if kind == "launcher":
-        return "launcher", "", 0, str(data.get("text", "")), ""
-    if kind == "progress":
-        total = data.get("total")
-        metrics = data.get("metrics") or {}
-        parts = [f"step {data.get('step')}" + (f"/{total}" if total is not None else "")]
-        if isinstance(metrics, dict):
-            parts += [f"{name}={_number(value)}" for name, value in metrics.items()]
-        return "progress", "", 0, "  ".join(parts), ""
-    if kind == "shape_mismatch":
-        message = str(data.get("message") or "")
-        return "shape_mismatch", "", 0, _first_line(message) or f"ranks disagree on {data.get('operation')}", (
-            message if "\n" in message else "")
-    if kind == "trigger":
-        return "trigger", "", 0, f"set_trigger() at {data.get('call_site')}", ""
-    if kind == "batch_size":
-        return "batch_size", "", 0, f"{data.get('key')}: trying batch size {data.get('batch_size')}", ""
-    if kind == "oom_retry":
-        ranks = ", ".join(str(rank) for rank in data.get("ranks") or [])
-        return "oom_retry", "", 0, (f"rank {ranks} ran out of memory at batch size {data.get('batch_size')} "
-                                    f"({_first_line(data.get('error'))}); restarting all ranks at batch size "
-                                    f"{data.get('new_batch_size')}"), ""
-    shown = {key: value for key, value in data.items() if key != "worker_seq"}
-    return kind, "", 0, json.dumps(shown, default=str)[:MAX_SHOWN_CHARS], ""
-
-
 class _LogReader:
     """Reads events.jsonl from where it stopped last time (a running run's log grows), whole lines only.
 
@@ -273,16 +210,16 @@ class _LogReader:
                 continue
             if kind == "log" and type(data) is dict and "message" in data and not data.get("exc_text") \
                     and not data.get("stack") and type(data.get("levelno")) is int:
-                text = f"{data.get('logger')}: {data['message']}"
+                text = log_text(data.get("logger"), data["message"])
                 append(make(Row, (number, when, rank, "log", str(data.get("level") or ""), data["levelno"], text, "",
                                   text.lower())))
                 continue
             if data is None:
                 data = {}
-            described = describe(kind, data) if isinstance(data, dict) else (str(kind), "", 0, str(data), "")
+            described = describe(kind, data, rank) if isinstance(data, dict) else (str(kind), "", 0, str(data), "", ())
             if described is None:
                 continue
-            kind_name, level, levelno, text, detail = described
+            kind_name, level, levelno, text, detail, _ = described
             haystack = f"{text}\n{detail}".lower() if detail else text.lower()
             append(make(Row, (number, when, rank, kind_name, level, levelno, text, detail, haystack)))
         return rows
@@ -723,7 +660,7 @@ class RunInspector(widgets.VBox):
         text = "  ·  ".join(parts)
         cause = summary.get("root_cause")
         if isinstance(cause, dict) and cause.get("type"):
-            text += f"\nroot cause: rank {cause.get('rank')} {cause['type']}: {_first_line(cause.get('message'))}"
+            text += f"\nroot cause: rank {cause.get('rank')} {cause['type']}: {first_line(cause.get('message'))}"
         return text
 
     def _header_html(self) -> str:
