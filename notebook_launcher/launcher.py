@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from . import plan as planning
-from .display import TextDisplay
+from .display import TextDisplay, is_display
 from .display.panel import DISPLAYS, PanelDisplay, wants_panel
 from .display.state import RunState
 from .events import BATCH_SIZE, EXIT, LAUNCHER, LOG, OOM_RETRY, RESULT, STREAM, Event, RunLog
@@ -161,8 +161,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     """
     global _last_run
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
-    if isinstance(display, str) and display not in DISPLAYS or not isinstance(display, str) and not all(
-            hasattr(display, method) for method in ("show", "note", "tick", "retarget")):
+    if not (display in DISPLAYS if isinstance(display, str) else is_display(display)):
         raise planning.LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")

@@ -12,9 +12,12 @@ import sys
 
 from ..events import FAILURE, STREAM, Event
 from .describe import describe, launcher_line
+from .protocol import Display
 
 
-class TextDisplay:
+class TextDisplay(Display):
+    """Rank-prefixed lines on the kernel's stdout and stderr (``prefix_template``: torch elastic's)."""
+
     def __init__(self, prefix_template: str, node_rank: int = 0, num_processes: int = 1):
         self._template = string.Template(prefix_template)
         self._node_rank = node_rank
