@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from notebook_launcher.display.logview import LogView
-from notebook_launcher.display.runlog import RunNotFoundError
+from notebook_launcher.display.logreader import RunNotFoundError
 from notebook_launcher.events import EXIT, FAILURE, LOG, PROGRESS, STATUS, STREAM, Event, RunLog
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 2, in f\nValueError: no <good>\n'
@@ -146,7 +146,7 @@ def test_unknown_run(runs_dir):
 
 def test_the_model_does_not_import_ipywidgets():
     """Scripts and workers read run logs without paying for the widget library."""
-    code = ("import sys, notebook_launcher.display.logview, notebook_launcher.display.runlog;"
+    code = ("import sys, notebook_launcher.display.logview, notebook_launcher.display.logreader;"
             "print('ipywidgets' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

@@ -8,8 +8,9 @@ whole run, in an ipywidgets panel: filter by rank, log level, kind of event and 
 page of rows at a time (the browser never holds more than a page, so a huge log does not freeze it).
 
 This module is the widget only: the rows, filters and pages are a ``LogView`` (``logview.py``, no widgets),
-read from the log by ``runlog.py``. Everything the panel shows is reachable from Python (``inspector.rows``,
-``inspector.page``, ``inspector.page_text``), so it can be driven and tested without a browser.
+read from the log by ``logreader.py``. Everything the panel shows is reachable from Python
+(``inspector.rows``, ``inspector.page``, ``inspector.page_text``), so it can be driven and tested without a
+browser.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import ipywidgets as widgets
 
 from ..events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, TRIGGER
 from .logview import ALL, LEVELS, PAGE_SIZE, LogView, count, elapsed, levelno
-from .runlog import Row, RunNotFoundError
+from .logreader import Row, RunNotFoundError
 
 __all__ = ["Row", "RunInspector", "RunNotFoundError", "inspect_run"]
 
@@ -283,7 +284,8 @@ class RunInspector(widgets.VBox):
 
     def _set_status(self, note: str = "") -> None:
         view = self.view
-        text = f"{len(view.rows):,} of {count(len(view.all_rows), 'row')} (filtered in {view.filter_seconds * 1000:.0f} ms)"
+        text = (f"{len(view.rows):,} of {count(len(view.all_rows), 'row')} "
+                f"(filtered in {view.filter_seconds * 1000:.0f} ms)")
         if view.error:
             text += f" &middot; <span style=\"color:#c00000\">{html.escape(view.error)}</span>"
         if note:

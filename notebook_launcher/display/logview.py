@@ -1,8 +1,8 @@
 """What the inspector shows of a run log, without the widgets: the rows that pass the filters, a page at a time.
 
-``LogView`` holds one run's rows (``runlog.py`` reads them) and the filters the inspector offers: ranks, kinds,
-the lowest log level, and a case-insensitive search (substring or regular expression), plus the page shown and
-the header line. The widget (``inspector.py``) draws it and feeds it what its controls say; scripts and tests
+``LogView`` holds one run's rows (``logreader.py`` reads them) and the filters the inspector offers: ranks,
+kinds, the lowest log level, and a case-insensitive search (substring or regular expression), plus the page
+shown and the header line. The widget (``inspector.py``) draws it and feeds it what its controls say; scripts and tests
 use it as it is::
 
     view = LogView(run)                 # a Run, a run id, a run directory, or None for the last run
@@ -20,9 +20,11 @@ import re
 import time
 from typing import Any
 
-from ..events import BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER
+from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS,
+                      TRIGGER)
 from .describe import first_line
-from .runlog import _DETAIL, _HAYSTACK, _KIND, _LEVELNO, _RANK, _TEXT, LogReader, Row, read_summary, resolve_run
+from .logreader import (_DETAIL, _HAYSTACK, _KIND, _LEVELNO, _RANK, _TEXT, LogReader, Row, read_summary,
+                        resolve_run)
 
 ALL = "all"
 PAGE_SIZE = 200
