@@ -18,7 +18,7 @@ from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, OUTPU
 
 MAX_DATA_CHARS = 2000  # an unknown kind's data, as JSON, is cut here (the run log has it all)
 LAUNCHER_KINDS = (LAUNCHER, OOM_RETRY)  # the launcher's own lines: "notebook_launcher: ...", no rank prefix
-_TO_STDERR = ("stderr", FAILURE, EXIT)  # what the text display writes to stderr
+STDERR_KINDS = ("stderr", FAILURE, EXIT)  # descriptions whose lines go to stderr: a rank's stderr, failures, kills
 
 
 class Description(NamedTuple):
@@ -31,15 +31,8 @@ class Description(NamedTuple):
     detail: str  # more, shown folded: a traceback, a log record's exception text and stack; "" if none
     said: tuple[str, ...] = ()  # the lines the text display prints (the panel keeps) for it; () for none
 
-    @property
-    def stream(self) -> str:
-        """Where the text display writes ``said``: output keeps its stream, failures and kills go to stderr."""
-        return "stderr" if self.kind in _TO_STDERR else "stdout"
 
-    @property
-    def from_launcher(self) -> bool:
-        """True for the launcher's own lines, which carry no rank prefix."""
-        return self.kind in LAUNCHER_KINDS
+_new = tuple.__new__  # for the two kinds of every line a rank prints: a Description without NamedTuple's __new__
 
 
 def describe(kind: str, data: dict, rank: int | None = None) -> Description | None:
@@ -79,7 +72,7 @@ def number(value: Any) -> str:
 
 def _stream(data: dict, rank: int | None) -> Description:
     text = str(data.get("text", ""))
-    return Description(data.get("stream") or "stdout", "", 0, text, "", (text,))
+    return _new(Description, (data.get("stream") or "stdout", "", 0, text, "", (text,)))
 
 
 def _output(data: dict, rank: int | None) -> Description:
@@ -98,8 +91,8 @@ def _log(data: dict, rank: int | None) -> Description | None:
     said = log_line(level, data.get("logger"), data["message"]).rstrip("\n").splitlines()
     for extra in extras:
         said += extra.splitlines()
-    return Description(LOG, level, levelno, log_text(data.get("logger"), data["message"]), "\n".join(extras),
-                       tuple(said))
+    return _new(Description, (LOG, level, levelno, log_text(data.get("logger"), data["message"]),
+                              "\n".join(extras), tuple(said)))
 
 
 def _failure(data: dict, rank: int | None) -> Description:

@@ -11,7 +11,7 @@ import string
 import sys
 
 from ..events import FAILURE, STREAM, Event
-from .describe import describe, launcher_line
+from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line
 from .protocol import Display
 
 
@@ -45,8 +45,10 @@ class TextDisplay(Display):
             if event.data.get("all_ranks_raise") and said.text in self._said:
                 return  # every rank raises the same error (debug mode): it is shown once
             self._said.add(said.text)
-        prefix = "" if said.from_launcher else self.prefix(event.rank)
-        self._write(said.stream, "".join(f"{prefix}{line}\n" for line in said.said))
+        lines = said.said
+        prefix = "" if said.kind in LAUNCHER_KINDS else self._prefixes.get(event.rank) or self.prefix(event.rank)
+        text = f"{prefix}{lines[0]}\n" if len(lines) == 1 else "".join(f"{prefix}{line}\n" for line in lines)
+        self._write("stderr" if said.kind in STDERR_KINDS else "stdout", text)
 
     def _write(self, stream: str, text: str) -> None:
         """Write to the kernel's stdout or stderr, flushing the other one first so the two keep their order."""
