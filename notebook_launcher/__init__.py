@@ -8,7 +8,7 @@ from .doctor import doctor, env_report, same_effective_batch, set_seed
 from .errors import (HostFailedError, LaunchArgumentError, LaunchTimeoutError, NotebookLauncherError, RankFailedError,
                      ResultUnavailableError, RunNotFoundError)
 from .launcher import notebook_launcher
-from .runs import Run, last_run
+from .runs import Run, inspect_run, last_run
 from .logging import get_logger
 from .memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
 from .ops import DistributedOperationException
@@ -43,15 +43,6 @@ __all__ = [
     "set_trigger",
     "should_reduce_batch_size",
 ]
-
-
-def __getattr__(name: str):
-    """``inspect_run`` (the ipywidgets run inspector) is imported on first use: workers never pay for ipywidgets."""
-    if name == "inspect_run":
-        from .display.inspector import inspect_run
-
-        return inspect_run
-    raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, Sequence
 
 from .cluster import resolve_hosts
+from .display import Display, is_display
 from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .launchers import HostSettings, launch
@@ -39,7 +40,7 @@ def notebook_launcher(
     debug: bool | None = None,
     config_file: str | None = None,
     memory_limit: int | str | None = None,
-    display: Literal["auto", "panel", "text"] = "auto",
+    display: Literal["auto", "panel", "text"] | Display = "auto",
     hosts: Sequence[str] | None = None,
     hostfile: str | None = None,
     ssh_options: Sequence[str] | None = None,
@@ -107,7 +108,7 @@ def notebook_launcher(
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
-    if display not in DISPLAYS:
+    if not (display in DISPLAYS if isinstance(display, str) else is_display(display)):
         raise LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")

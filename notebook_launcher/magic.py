@@ -149,7 +149,8 @@ class AccelerateMagics(Magics):
     @argument("--timeout", type=float, default=None, help="seconds before the run is stopped and diagnosed")
     @argument("--port", default="29500", help="master port (a free one is used if it is taken)")
     @argument("--memory-limit", default=None, help="per-worker address-space cap, e.g. 3GB")
-    @argument("--text", action="store_true", help="plain text display")
+    @argument("--text", action="store_true",
+              help="plain rank-prefixed lines ([rank 0] ...) instead of the live run panel")
     @argument("--return", dest="return_names", default=None,
               help="comma-separated names to bring back from rank 0 (default: all the cell assigns)")
     @argument("--no-return", action="store_true", help="bring nothing back")
@@ -160,7 +161,8 @@ class AccelerateMagics(Magics):
         The cell sees the notebook's names (inherited under fork, sent with cloudpickle under spawn). After a
         successful run the names the cell assigned at top level are set in the notebook from rank 0 (tensors
         on the CPU); one line says which came back and which were skipped and why. Errors show the cell's own
-        line numbers and the rank.
+        line numbers and the rank. In Jupyter the run shows as the live panel; ``--text`` prints each rank's
+        lines as plain text instead, prefixed ``[rank 0] ``, ``[rank 1] `` ...
 
         Example::
 
@@ -199,7 +201,7 @@ class AccelerateMagics(Magics):
             CellProgram(source, filename, namespace, return_names), num_processes=num_processes,
             mixed_precision=args.mixed_precision, use_port=args.port, start_method=args.start_method,
             device=device, timeout=args.timeout, debug=True if args.debug else None,
-            memory_limit=args.memory_limit)
+            memory_limit=args.memory_limit, display="text" if args.text else "auto")
         if not return_names or not isinstance(result, dict):
             return None
         skipped = dict(result["skipped"])

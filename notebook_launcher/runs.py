@@ -7,10 +7,13 @@ the launcher: they depend on this module.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any
 
+from .errors import RunNotFoundError
 from .failure import RankFailure
+from .runlog import RUN_ID, runs_root
 
 KEEP_IN_MEMORY = 20
 _recent_runs: list = []
@@ -61,8 +64,6 @@ class Run:
     def panel(self, **filters):
         """An ipywidgets inspector of this run's whole log: filter by rank, level and kind, search, page through
         it (``notebook_launcher.inspect_run`` takes the same filters, and past runs by id or directory)."""
-        from .display.inspector import inspect_run
-
         return inspect_run(self, **filters)
 
     def summary(self) -> dict:
@@ -93,3 +94,105 @@ def remember(run: Run) -> None:
     """A launch has begun: it is ``last_run()`` from now on, even if it fails before any rank starts."""
     _recent_runs.append(run)
     del _recent_runs[:-KEEP_IN_MEMORY]
+
+
+def run_dirs(root: str) -> list[str]:
+    """Run ids under root, newest first."""
+    try:
+        names = [entry for entry in os.listdir(root)
+                 if RUN_ID.fullmatch(entry) and os.path.isdir(os.path.join(root, entry))]
+    except OSError:
+        return []
+    return sorted(names, reverse=True)
+
+
+def _known_runs_note(root: str, limit: int = 5) -> str:
+    names = run_dirs(root)
+    if not names:
+        return f"There is no run log under {root}."
+    more = f" (and {len(names) - limit} older)" if len(names) > limit else ""
+    return f"Recent runs under {root}, newest first: {', '.join(names[:limit])}{more}."
+
+
+def resolve_run(run: Any = None) -> tuple[str, Any]:
+    """The run directory for ``run`` (a Run or the error a launch raised, a run id or a unique part of one, a run
+    directory or its events.jsonl, or None for the last run), and the Run object when there is one."""
+    root = runs_root()
+    if run is None:
+        current = last_run()
+        if current is not None:
+            return current.run_dir, current
+        names = [name for name in run_dirs(root) if os.path.exists(os.path.join(root, name, "events.jsonl"))]
+        if names:  # a kernel restarted since: the newest run on disk
+            return os.path.join(root, names[0]), None
+        raise RunNotFoundError(f"inspect_run(): no run was launched in this process and there is no run log "
+                               f"under {root}. Pass a Run, a run id or a run directory.")
+    if not hasattr(run, "run_dir") and hasattr(getattr(run, "run", None), "run_dir"):
+        run = run.run  # the RankFailedError or LaunchTimeoutError of a launch
+    if hasattr(run, "run_dir"):
+        if not os.path.isdir(run.run_dir):
+            raise RunNotFoundError(f"inspect_run({run!r}): its run directory {run.run_dir} no longer exists "
+                                   f"(only the newest runs are kept). {_known_runs_note(root)}")
+        return run.run_dir, run
+    if not isinstance(run, (str, os.PathLike)):
+        raise TypeError(f"inspect_run(run={run!r}): expected a Run, a run id, a run directory or None, "
+                        f"not a {type(run).__name__}")
+    text = os.fspath(run)
+    if os.path.basename(text) == "events.jsonl" and os.path.isfile(text):
+        text = os.path.dirname(text) or "."
+    if os.path.isdir(text) and (os.path.exists(os.path.join(text, "events.jsonl"))
+                                or os.path.exists(os.path.join(text, "run.json"))):
+        match = [known for known in recent_runs() if os.path.abspath(known.run_dir) == os.path.abspath(text)]
+        return text, (match[-1] if match else None)
+    for known in reversed(recent_runs()):  # a run of this process, wherever its log lives
+        if known.run_id == text and os.path.isdir(known.run_dir):
+            return known.run_dir, known
+    names = run_dirs(root)
+    if text in names:
+        return os.path.join(root, text), None
+    candidates = [name for name in names if text and os.sep not in text and text in name]
+    if len(candidates) == 1:
+        return os.path.join(root, candidates[0]), None
+    if len(candidates) > 1:
+        raise RunNotFoundError(f"inspect_run({text!r}): {len(candidates)} runs match: "
+                               f"{', '.join(candidates[:5])}{' ...' if len(candidates) > 5 else ''}. "
+                               "Give more of the run id.")
+    what = "directory has no run log (events.jsonl)" if os.path.isdir(text) else "is no run id or run directory"
+    raise RunNotFoundError(f"inspect_run({text!r}): this {what}. {_known_runs_note(root)}")
+
+
+def inspect_run(run: Any = None, *, rank: Any = None, kind: Any = None, level: Any = None,
+                search: str | None = None, regex: bool = False, page_size: int = 200) -> Any:
+    """A panel to browse a run's whole log: filter by rank, log level, kind and text, one page at a time.
+
+    ``run`` is a ``Run`` (``last_run()``), the ``RankFailedError``/``LaunchTimeoutError`` a launch raised, a run
+    id (or a unique part of one) from the run log folder (``$NOTEBOOK_LAUNCHER_RUNS_DIR`` or ``~/.cache/notebook_launcher/runs``), a
+    run directory, or None: the last run of this kernel, else the newest run log on disk (after a restart).
+    It reads ``events.jsonl``, every event of the run (the ``Run`` in memory keeps only so many lines), and
+    shows it a page (``page_size`` rows) at a time, so a run of millions of lines is fine in the browser.
+
+    Optional first filters: ``rank`` (one rank or several), ``kind`` ("stdout", "stderr", "log", "failure",
+    "exit", "launcher", "progress", "oom_retry", ...), ``level`` (the lowest level of log records shown:
+    "DEBUG" ... "CRITICAL"; output lines are not affected), ``search`` (case-insensitive text; a regular
+    expression with ``regex=True``). The panel's controls change them; so does Python::
+
+        from notebook_launcher import inspect_run, notebook_launcher
+
+        notebook_launcher(train, num_processes=4)
+        panel = inspect_run(rank=3, level="WARNING")   # the last run: rank 3's output and warnings
+        panel                                          # shows it in the cell
+        panel.search.value = "nan"                     # only the rows that mention nan
+        panel.rows[:5], panel.page_count, panel.go_to_line(1200)
+        inspect_run("20250101-120000-4242-a1b2c3")     # a past run, by id (or its directory)
+
+    Raises ``RunNotFoundError`` (a LookupError) naming the argument and listing recent run ids when the run
+    cannot be found. A run still going: the panel's reload button (or ``panel.reload()``) reads what it wrote
+    since.
+    """
+    from .display.inspector import RunInspector  # ipywidgets: imported only when a panel is asked for
+
+    run_dir, known = resolve_run(run)
+    inspector = RunInspector(run_dir, known, page_size=page_size)
+    if any(value is not None for value in (rank, kind, level, search)) or regex:
+        inspector.filter(rank=rank, kind=kind, level=level, search=search, regex=regex or None)
+    return inspector

@@ -6,11 +6,8 @@ import sys
 import pytest
 
 from notebook_launcher import RankFailedError, get_logger, notebook_launcher
-from notebook_launcher.display.inspector import (
-    RunInspector,
-    RunNotFoundError,
-    inspect_run,
-)
+from notebook_launcher import RunNotFoundError, inspect_run
+from notebook_launcher.display.inspector import RunInspector
 from notebook_launcher.events import Event
 from notebook_launcher.runlog import RUNS_DIR_ENV_VAR, RunLog
 

@@ -9,6 +9,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
+PANEL_MIME = "application/vnd.notebook-launcher.run.v1+json"
 
 CELLS = {
     "load": "%load_ext notebook_launcher",
@@ -39,6 +40,8 @@ CELLS = {
               "ops.broadcast(torch.ones(1, 5) if rank == 0 else torch.ones(1, 2, 5))"),
     "failure": ("%%accelerate -n 2 --no-return\nimport torch.distributed as dist\nx = 1\n"
                 "if dist.get_rank() == 1:\n    raise ValueError('rank 1 broke')\n"),
+    "text": ("%%accelerate -n 2 --text\nimport torch.distributed as dist\n"
+             "print(f'plain line from {dist.get_rank()}')\nanswer = 42"),
     "help": "print(get_ipython().find_cell_magic('accelerate').__doc__)",
     "doctor": "%accelerate_doctor -n 2",
     "children": "import psutil; print('children', len(psutil.Process().children(recursive=True)))",
@@ -110,6 +113,26 @@ def test_a_failing_rank_is_reported_with_the_cells_line_number(executed):
     assert '<accelerate cell In[10]>", line 5, in <module>' in out
     assert "raise ValueError('rank 1 broke')" in out
     assert "notebook_launcher/magic.py" not in out.split("Other ranks:")[0].split("Rank 1 failed first")[1]
+
+
+def test_text_prints_rank_prefixed_lines_and_no_panel(executed):
+    outputs = executed["text"]["outputs"]
+    assert outputs and {output["output_type"] for output in outputs} == {"stream"}
+    stdout = "".join(output["text"] for output in outputs if output["name"] == "stdout")
+    lines = stdout.splitlines()
+    assert lines[0].startswith("notebook_launcher: 2 processes on cpu (gloo), start method ")
+    assert sorted(line for line in lines if line.startswith("[rank ")) == [
+        "[rank 0] plain line from 0", "[rank 1] plain line from 1"]
+    assert lines[-1] == "notebook_launcher: back from rank 0: answer"
+    help_text = " ".join(text(executed["help"]).split())  # argparse wraps the option's help
+    assert "--text plain rank-prefixed lines ([rank 0] ...) instead of the live run panel" in help_text
+
+
+def test_without_text_the_cell_shows_the_live_panel(executed):
+    panels = [output for output in executed["train"]["outputs"]
+              if output["output_type"] == "display_data" and PANEL_MIME in output["data"]]
+    assert len(panels) == 1 and panels[0]["data"][PANEL_MIME]["status"] == "finished"
+    assert "[rank 0] rank 0 done" in panels[0]["data"]["text/plain"]
 
 
 def test_help_lists_the_options(executed):

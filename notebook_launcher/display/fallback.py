@@ -10,6 +10,9 @@ from __future__ import annotations
 import html
 import string
 
+from ..events import LOG, TRIGGER
+from .describe import describe, launcher_line, log_line
+
 _STATUS_COLOURS = {"starting": "#888", "running": "#1a73e8", "finished": "#188038", "failed": "#d93025",
                    "stuck": "#e37400", "hung": "#e37400", "timed out": "#e37400", "interrupted": "#888"}
 _LEVEL_COLOURS = {"DEBUG": "#888", "WARNING": "#b06000", "ERROR": "#d93025", "CRITICAL": "#d93025"}
@@ -24,8 +27,8 @@ def headline(state: dict) -> str:
 
 
 def _line_text(line: dict) -> str:
-    if line["kind"] == "log":
-        return f"{line.get('level')} {line.get('logger')}: {line['text']}"
+    if line["kind"] == LOG:
+        return log_line(line.get("level"), line.get("logger"), line["text"])
     return line["text"]
 
 
@@ -34,7 +37,7 @@ def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tu
     every rank's lines in arrival order, progress, cards, and each rank's status."""
     template = string.Template(prefix_template)
     out: list[tuple[str, str | None]] = [(headline(state), None)]
-    out += [(f"notebook_launcher: {note}", "#666") for note in state["notes"]]
+    out += [(launcher_line(note), "#666") for note in state["notes"]]
     failure = state.get("failure")
     if failure and failure.get("traceback"):
         out.append((f"root cause (rank {failure.get('rank')}):", _STATUS_COLOURS["failed"]))
@@ -64,7 +67,7 @@ def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tu
                     f"{retry['batch_size']} -> retried at {retry['new_batch_size']} ({retry['error']})",
                     _LEVEL_COLOURS["WARNING"]))
     for trigger in state["triggers"]:
-        out.append((f"rank {trigger['rank']} called set_trigger() at {trigger['call_site']}", None))
+        out.append((f"rank {trigger['rank']} called {describe(TRIGGER, trigger).text}", None))
     out.append(("status by rank: " + ", ".join(f"{r['rank']} {r['status']}" for r in state["ranks"]), None))
     return out
 

@@ -15,6 +15,7 @@ import time
 
 from ..events import Event
 from .fallback import render_html, render_text
+from .protocol import FinishingDisplay
 from .state import MIME_TYPE, RunState
 
 MAX_UPDATES_PER_S = 4
@@ -46,8 +47,8 @@ def wants_panel(display: str) -> bool:
     return display == "panel"
 
 
-class PanelDisplay:
-    """Same interface as ``TextDisplay`` (``show``, ``note``), plus ``tick`` and ``finish``."""
+class PanelDisplay(FinishingDisplay):
+    """A ``Display`` (``show``, ``note``, ``tick``, ``retarget``) whose ``finish`` publishes the end state."""
 
     def __init__(self, state: RunState, prefix_template: str = "[rank ${rank}] "):
         self.state = state

@@ -13,6 +13,7 @@ from collections import deque
 
 from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART, SHAPE_MISMATCH, STATUS, STREAM,
                       TRIGGER, Event)
+from .describe import describe
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
 LINES_PER_RANK = 200
@@ -139,13 +140,11 @@ class RunState:
 
     def _on_log(self, event: Event) -> None:
         data = event.data
-        if "message" not in data:
+        said = describe(LOG, data)
+        if said is None:
             return  # an in_order placeholder: nothing to show
-        text = str(data["message"])
-        for extra in (data.get("exc_text"), data.get("stack")):
-            if extra:
-                text += "\n" + str(extra)
-        self._add_line(event, "log", text, level=data.get("level"), logger=data.get("logger"))
+        text = str(data["message"]) + (f"\n{said.detail}" if said.detail else "")
+        self._add_line(event, LOG, text, level=data.get("level"), logger=data.get("logger"))
 
     def _on_progress(self, event: Event) -> None:
         data = event.data
@@ -170,9 +169,8 @@ class RunState:
     def _on_failure(self, event: Event) -> None:
         rank = self._rank(event)
         rank.status = "failed"
-        data = event.data
-        first_line = str(data.get("message", "")).split("\n", 1)[0]
-        self._add_line(event, "stderr", f"failed: {data.get('type')}: {first_line}")
+        for line in describe(FAILURE, event.data).said:
+            self._add_line(event, "stderr", line)
 
     def _on_exit(self, event: Event) -> None:
         rank = self._rank(event)
@@ -182,8 +180,8 @@ class RunState:
                 rank.status = "stopped"  # ended by the launcher because of another rank, not its own fault
             else:
                 rank.status = "finished" if rank.exit_code == 0 else "failed"
-        if event.data.get("signal_name") and not event.data.get("stopped_by_launcher"):
-            self._add_line(event, "stderr", f"killed by {event.data['signal_name']}")
+        for line in describe(EXIT, event.data).said:  # killed by a signal, and not by the launcher
+            self._add_line(event, "stderr", line)
 
     def _on_shape_mismatch(self, event: Event) -> None:
         data = event.data
