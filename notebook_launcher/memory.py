@@ -22,6 +22,9 @@ import inspect
 import json
 import os
 import sys
+from typing import Callable, NamedTuple
+
+from .events import BATCH_SIZE
 
 BATCH_SIZES_ENV_VAR = "NOTEBOOK_LAUNCHER_BATCH_SIZES"  # set by the kernel on a restart: {function key: size}
 _OOM_TEXTS = (
@@ -32,8 +35,23 @@ _OOM_TEXTS = (
     "MPS backend out of memory",
     "out of memory",  # HPU and others ("RuntimeError: ... out of memory")
 )
-_on_batch_size = None  # worker side: reports the batch size each try starts with
-_distributed_worker = False  # worker side: True when this rank has peers (a retry then restarts the group)
+
+
+class _Worker(NamedTuple):
+    """What connect() tells this module in a launched worker; outside one, nothing is sent and retries are local."""
+
+    emit: Callable | None = None  # the rank's event writer: each try's batch size becomes an event
+    distributed: bool = False  # the rank has peers: a retry then restarts the whole group
+
+
+_worker = _Worker()  # set only by connect()
+
+
+def connect(emit, distributed: bool) -> None:
+    """In a launched worker: each try sends a ``batch_size`` event through ``emit``; with ``distributed`` (the
+    rank has peers) an out-of-memory error ends the rank with OutOfMemoryRetry, for the kernel to restart all."""
+    global _worker
+    _worker = _Worker(emit, distributed)
 
 
 class OutOfMemoryRetry(Exception):
@@ -135,8 +153,8 @@ def find_executable_batch_size(function=None, starting_batch_size: int = 128, re
             if batch_size <= 0:
                 raise RuntimeError(f"No executable batch size found, reached zero. Tried: {tried}.")
             tried.append(batch_size)
-            if _on_batch_size is not None:
-                _on_batch_size({"key": key, "batch_size": batch_size})
+            if _worker.emit is not None:
+                _worker.emit(BATCH_SIZE, {"key": key, "batch_size": batch_size})
             try:
                 return function(batch_size, *args, **kwargs)
             except Exception as error:  # noqa: BLE001 - only out-of-memory errors are handled below
@@ -146,7 +164,7 @@ def find_executable_batch_size(function=None, starting_batch_size: int = 128, re
                 free_memory()
                 if new_batch_size <= 0:
                     raise RuntimeError(f"No executable batch size found, reached zero. Tried: {tried}.") from error
-                if _distributed_worker:
+                if _worker.distributed:
                     raise OutOfMemoryRetry(key, batch_size, new_batch_size, error) from error
                 print(f"out of memory at batch size {batch_size} ({type(error).__name__}: "
                       f"{(str(error).strip().splitlines() or [''])[0][:200]}); trying {new_batch_size}",

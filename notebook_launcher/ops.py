@@ -16,8 +16,10 @@ know::
       - Process 0: [1, 5]
       - Process 1: [1, 2, 5]
 
-In a launched worker the raw ``torch.distributed`` collectives are checked too (so Accelerate's own ops and
-library code are covered), and each collective records where the rank is (for hang diagnosis), debug mode or not.
+In a launched worker (after ``connect()``) the raw ``torch.distributed`` collectives are checked too (so
+Accelerate's own ops and library code are covered), and each collective records where the rank is (for hang
+diagnosis), debug mode or not. What the ranks compare, and the messages, live in ``agreement``; ``any_rank`` is
+the one collective other modules build on (``check_trigger``).
 """
 
 from __future__ import annotations
@@ -27,51 +29,31 @@ import inspect
 import os
 import sys
 import threading
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from .events import TRUE_VALUES
+from .agreement import OPERATIONS, RAW_COLLECTIVES, mismatch, signature, stable_code
+from .events import SHAPE_MISMATCH, TRUE_VALUES
 
-MAX_DIMS = 8
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
 _CARRY_SPACE = [0] * (CARRY_BYTES // 8)
-_HEADER = 4  # op code, dtype code, ndim, detail (reduce op, src or dst); then MAX_DIMS sizes; then "can carry"
-
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
-           torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
-
-# The raw collectives checked in debug mode: (name of the tensor argument or None, what must agree)
-#   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
-RAW_COLLECTIVES = {
-    "all_reduce": ("tensor", "shape"),
-    "all_gather": ("tensor", "dtype"),  # uneven sizes are allowed there
-    "all_gather_into_tensor": ("input_tensor", "shape"),
-    "all_gather_single": ("input_tensor", "shape"),
-    "reduce_scatter_single": ("input", "shape"),
-    "broadcast": ("tensor", "shape"),
-    "reduce": ("tensor", "shape"),
-    "gather": ("tensor", "shape"),
-    "scatter": ("tensor", "shape"),
-    "reduce_scatter": ("output", "shape"),
-    "reduce_scatter_tensor": ("input", "shape"),
-    "all_to_all_single": ("input", "shape"),
-    "all_gather_object": (None, "op"),
-    "broadcast_object_list": ("object_list", "op"),
-    "barrier": (None, "op"),
-}
-_OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES] + [
-    f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
-                                                 "reduce", "pad_across_processes")] + [
-    "notebook_launcher.check_trigger"]
-
-RAW_COLLECTIVES = {name: how for name, how in RAW_COLLECTIVES.items() if hasattr(dist, name)}  # torch version
-_raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES}
+# the originals (before connect() wraps them) of the raw collectives this torch has
+_raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES if hasattr(dist, name)}
 _gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
-_forced_debug: bool | None = None  # set by the launcher in its workers (debug=True/False); None: the environment
 _state = threading.local()  # .inside: a collective is in progress on this thread (nested calls are not checked)
-_on_mismatch = None  # worker side: reports a mismatch to the kernel as an event
-_progress = None  # worker side: the rank's progress record (hang diagnosis)
+
+
+class _Worker(NamedTuple):
+    """What connect() tells ops in a launched worker; outside one every field is None."""
+
+    emit: Callable | None = None  # the rank's event writer: a mismatch becomes a shape_mismatch event
+    debug: bool | None = None  # the launch's debug=True/False; None: ACCELERATE_DEBUG_MODE decides at each call
+    progress: object | None = None  # the rank's ProgressRecord (hang diagnosis)
+
+
+_worker = _Worker()  # set only by connect()
 
 
 class DistributedOperationException(Exception):
@@ -79,18 +61,29 @@ class DistributedOperationException(Exception):
 
 
 def debug_mode_enabled() -> bool:
-    if _forced_debug is not None:
-        return _forced_debug
+    """The launch's ``debug=`` in its workers, else ``ACCELERATE_DEBUG_MODE`` read now (a function may set it)."""
+    if _worker.debug is not None:
+        return _worker.debug
     return os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in TRUE_VALUES
 
 
 # -- the public ops ----------------------------------------------------------------------------------------------
+def _each_tensor(operation):
+    """``operation`` applied to every tensor of nested lists, tuples and dicts, keeping their types."""
+    @functools.wraps(operation)
+    def nested(data, *args, **kwargs):
+        if isinstance(data, (list, tuple)):
+            return type(data)(nested(item, *args, **kwargs) for item in data)
+        if isinstance(data, dict):
+            return type(data)({key: nested(item, *args, **kwargs) for key, item in data.items()})
+        return operation(data, *args, **kwargs)
+
+    return nested
+
+
+@_each_tensor
 def gather(tensor):
     """Every rank's ``tensor`` concatenated along the first dimension (nested lists/tuples/dicts too)."""
-    if isinstance(tensor, (list, tuple)):
-        return type(tensor)(gather(item) for item in tensor)
-    if isinstance(tensor, dict):
-        return type(tensor)({key: gather(item) for key, item in tensor.items()})
     if not _distributed():
         return tensor
     with _collective("notebook_launcher.ops.gather", tensor, "shape", carry=True) as exchange:
@@ -116,12 +109,9 @@ def gather_object(obj):
     return gathered
 
 
+@_each_tensor
 def broadcast(tensor, from_process: int = 0):
     """``tensor`` from rank ``from_process`` on every rank (in place; also returned)."""
-    if isinstance(tensor, (list, tuple)):
-        return type(tensor)(broadcast(item, from_process) for item in tensor)
-    if isinstance(tensor, dict):
-        return type(tensor)({key: broadcast(item, from_process) for key, item in tensor.items()})
     if not _distributed():
         return tensor
     with _collective("notebook_launcher.ops.broadcast", tensor, "shape", detail=from_process):
@@ -138,32 +128,31 @@ def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
     return object_list
 
 
+_REDUCTIONS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN}
+
+
 def reduce(tensor, reduction: str = "sum", scale: float = 1.0):
     """A new tensor with ``tensor`` reduced over the ranks: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``."""
-    operations = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                  "min": dist.ReduceOp.MIN}
-    if reduction not in operations:
+    if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not one of 'sum', 'mean', 'max', 'min'")
-    if isinstance(tensor, (list, tuple)):
-        return type(tensor)(reduce(item, reduction, scale) for item in tensor)
-    if isinstance(tensor, dict):
-        return type(tensor)({key: reduce(item, reduction, scale) for key, item in tensor.items()})
+    return _reduce(tensor, reduction, scale)
+
+
+@_each_tensor
+def _reduce(tensor, reduction: str, scale: float):
     result = tensor.clone()
     if _distributed():
-        with _collective("notebook_launcher.ops.reduce", tensor, "shape", detail=list(operations).index(reduction)):
-            _raw["all_reduce"](result, op=operations[reduction])
+        with _collective("notebook_launcher.ops.reduce", tensor, "shape", detail=list(_REDUCTIONS).index(reduction)):
+            _raw["all_reduce"](result, op=_REDUCTIONS[reduction])
         if reduction == "mean":
             result = result / dist.get_world_size()
     return result * scale if scale != 1.0 else result
 
 
+@_each_tensor
 def pad_across_processes(tensor, dim: int = 0, pad_index=0, pad_first: bool = False):
     """``tensor`` padded along ``dim`` to the largest size any rank has, so it can be gathered."""
-    if isinstance(tensor, (list, tuple)):
-        return type(tensor)(pad_across_processes(item, dim, pad_index, pad_first) for item in tensor)
-    if isinstance(tensor, dict):
-        return type(tensor)({key: pad_across_processes(item, dim, pad_index, pad_first)
-                             for key, item in tensor.items()})
     if not _distributed():
         return tensor
     with _collective("notebook_launcher.ops.pad_across_processes", tensor, "dtype", detail=dim):
@@ -181,6 +170,19 @@ def pad_across_processes(tensor, dim: int = 0, pad_index=0, pad_first: bool = Fa
     index[dim] = slice(largest - tensor.shape[dim], largest) if pad_first else slice(0, tensor.shape[dim])
     padded[tuple(index)] = tensor
     return padded
+
+
+def any_rank(flag: bool, operation: str) -> bool:
+    """True on every rank if ``flag`` is true on any: one all_reduce of one number, shown in hang diagnosis and
+    checked in debug mode as ``operation`` (a name in ``agreement.OPERATIONS``). Outside a process group: ``flag``."""
+    if operation not in OPERATIONS:
+        raise ValueError(f"{operation!r} is not in notebook_launcher.agreement.OPERATIONS: add it there")
+    if not _distributed():
+        return bool(flag)
+    value = torch.tensor([1 if flag else 0], device=_check_device())
+    with _collective(operation, None, "op"):
+        _raw["all_reduce"](value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _distributed() -> bool:
@@ -207,8 +209,8 @@ class _collective:
             return self
         _state.inside = True
         site = self.site or call_site()
-        if _progress is not None:
-            _progress.enter(self.operation.rsplit(".", 1)[-1], site)
+        if _worker.progress is not None:
+            _worker.progress.enter(self.operation.rsplit(".", 1)[-1], site)
         try:
             if debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
@@ -221,8 +223,8 @@ class _collective:
     def __exit__(self, *exc_info):
         if self.outer:
             _state.inside = False
-            if _progress is not None:
-                _progress.leave()
+            if _worker.progress is not None:
+                _worker.progress.leave()
         return False
 
 
@@ -235,7 +237,7 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str = 
     list of every rank's tensor is returned; otherwise None.
     """
     world_size = dist.get_world_size(group)
-    row = _signature(operation, subject, rule, detail)
+    row = signature(operation, subject, rule, detail)
     device = _check_device(group)
     nbytes = subject.numel() * subject.element_size() if isinstance(subject, torch.Tensor) else 0
     can_carry = (carry and rule == "shape" and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
@@ -255,44 +257,12 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str = 
         every = table[:, len(row):].view(torch.uint8)[:, :nbytes].view(subject.dtype)
         return list(every.view((world_size,) + tuple(subject.shape)).unbind(0))
     rows = [r[:-1] for r in heads.tolist()]
-    operations = {r[0] for r in rows}
     sites = [None] * world_size
     _raw["all_gather_object"](sites, site, group=group)  # the slow path: we are about to fail anyway
-    if len(operations) > 1:
-        message = _operation_mismatch_message(rows, sites)
-    else:
-        message = _shape_mismatch_message(operation, rows, sites, rule)
-    if _on_mismatch is not None and dist.get_rank(group) == 0:
-        _on_mismatch({
-            "operation": operation if len(operations) == 1 else None,
-            "operations": [_OPERATIONS[r[0]] for r in rows],
-            "shapes": [_shape_of(r) for r in rows], "dtypes": [_dtype_of(r) for r in rows],
-            "call_sites": sites, "message": message})
-    raise DistributedOperationException(message)
-
-
-def _signature(operation: str, subject, rule: str, detail: int = 0) -> list[int]:
-    """The integers every rank must agree on, and a last one (whether this rank can carry its tensor) that
-    only decides, from everybody's answer, how the operation is finished."""
-    row = [_OPERATIONS.index(operation), -1, -1, detail] + [-1] * MAX_DIMS + [0]
-    if isinstance(subject, torch.Tensor):
-        known = subject.dtype in _DTYPES
-        row[1] = _DTYPES.index(subject.dtype) if known else len(_DTYPES) + _stable_code(subject.dtype)
-        if rule in ("shape", "dtype"):
-            row[2] = subject.ndim
-        if rule == "shape":
-            for index, size in enumerate(subject.shape[:MAX_DIMS]):
-                row[_HEADER + index] = size
-            if subject.ndim > MAX_DIMS:
-                row[_HEADER + MAX_DIMS - 1] = subject.numel()  # dims past the 8th still count, through the size
-    elif isinstance(subject, list):
-        row[2] = 1
-        row[_HEADER] = len(subject)
-    return row
-
-
-def _stable_code(value) -> int:
-    return sum(ord(character) * (index + 1) for index, character in enumerate(str(value))) % 100_000
+    report = mismatch(operation, rows, sites)
+    if _worker.emit is not None and dist.get_rank(group) == 0:
+        _worker.emit(SHAPE_MISMATCH, report)
+    raise DistributedOperationException(report["message"])
 
 
 def _check_device(group=None):
@@ -300,35 +270,6 @@ def _check_device(group=None):
     if "nccl" in str(dist.get_backend(group)):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _shape_of(row: list[int]) -> list[int] | None:
-    if row[2] < 0:
-        return None
-    return row[_HEADER:_HEADER + min(row[2], MAX_DIMS)]
-
-
-def _dtype_of(row: list[int]) -> str | None:
-    if row[1] < 0:
-        return None
-    return str(_DTYPES[row[1]]).replace("torch.", "") if row[1] < len(_DTYPES) else f"other ({row[1]})"
-
-
-def _shape_mismatch_message(operation: str, rows, sites, rule: str) -> str:
-    lines = ["Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid.",
-             "", f"Operation: `{operation}`", "Input shapes:"]
-    lines += [f"  - Process {rank}: {_shape_of(row)}" for rank, row in enumerate(rows)]
-    if len({row[1] for row in rows}) > 1:
-        lines += ["Input dtypes:"] + [f"  - Process {rank}: {_dtype_of(row)}" for rank, row in enumerate(rows)]
-    lines += ["Call sites:"] + [f"  - Process {rank}: {site}" for rank, site in enumerate(sites)]
-    return "\n".join(lines)
-
-
-def _operation_mismatch_message(rows, sites) -> str:
-    lines = ["Cannot apply desired operation: the processes called different collective operations at the same "
-             "point, so they would wait on each other forever.", "", "Operations:"]
-    lines += [f"  - Process {rank}: {_OPERATIONS[row[0]]} at {sites[rank]}" for rank, row in enumerate(rows)]
-    return "\n".join(lines)
 
 
 def call_site() -> str:
@@ -348,23 +289,24 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 # -- the raw collectives in a worker -----------------------------------------------------------------------------
-def install_collective_hooks(debug: bool | None, on_mismatch=None, progress=None) -> None:
-    """In a launched worker: wrap torch.distributed's collectives so that each records the rank's progress and,
-    in debug mode, checks agreement first. ``debug`` True/False overrides the environment; None reads it."""
-    global _forced_debug, _on_mismatch, _progress
-    _forced_debug, _on_mismatch, _progress = debug, on_mismatch, progress
-    for name, (argument, rule) in RAW_COLLECTIVES.items():
-        setattr(dist, name, _wrapped(name, _raw[name], argument, rule))
+def connect(emit, debug: bool | None = None, progress=None) -> None:
+    """In a launched worker: torch.distributed's collectives record where the rank is in ``progress`` and, in
+    debug mode, check agreement first, a mismatch going to ``emit`` (the rank's ``EventWriter.emit``) as an event.
+    ``debug`` True/False overrides the environment; None reads it at each call."""
+    global _worker
+    _worker = _Worker(emit, debug, progress)
+    for name, original in _raw.items():
+        setattr(dist, name, _wrapped(name, original, *RAW_COLLECTIVES[name]))
 
 
 def _wrapped(name: str, original, argument: str | None, rule: str):
-    signature = inspect.signature(original)
+    parameters = inspect.signature(original)
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
         if getattr(_state, "inside", False):
             return original(*args, **kwargs)
-        bound = signature.bind_partial(*args, **kwargs).arguments
+        bound = parameters.bind_partial(*args, **kwargs).arguments
         group = bound.get("group")
         if group is not None and dist.distributed_c10d._rank_not_in_group(group):
             return original(*args, **kwargs)  # not a member: a no-op for this rank, in torch too
@@ -416,7 +358,7 @@ def _detail(bound: dict) -> int:
             try:
                 return int(value) + 1
             except (TypeError, ValueError):
-                return _stable_code(value)
+                return stable_code(value)
     return 0
 
 

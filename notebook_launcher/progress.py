@@ -9,7 +9,15 @@ from __future__ import annotations
 import math
 import numbers
 
-_on_report = None  # set in a worker: sends a ``progress`` event to the kernel
+from .events import PROGRESS
+
+_emit = None  # set only by connect(): the rank's event writer in a launched worker
+
+
+def connect(emit) -> None:
+    """In a launched worker: each ``report()`` becomes a ``progress`` event through ``emit``."""
+    global _emit
+    _emit = emit
 
 
 def report(step: int | None = None, *, total: int | None = None, **metrics) -> None:
@@ -41,6 +49,6 @@ def report(step: int | None = None, *, total: int | None = None, **metrics) -> N
                             f"not {type(value).__name__}")
         value = float(value)
         values[name] = value if math.isfinite(value) else str(value)  # nan/inf stay visible, JSON stays valid
-    if _on_report is not None:
-        _on_report({"step": None if step is None else int(step), "total": None if total is None else int(total),
+    if _emit is not None:
+        _emit(PROGRESS, {"step": None if step is None else int(step), "total": None if total is None else int(total),
                     "metrics": values})

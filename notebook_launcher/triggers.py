@@ -13,33 +13,30 @@ In a launched worker the kernel is told which rank set the trigger and where.
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
-
 from . import ops
+from .events import TRIGGER
 
-_flag = False
-_on_trigger = None  # worker side: reports set_trigger() to the kernel
+_flag = False  # this rank called set_trigger() since the last check
+_emit = None  # set only by connect(): the rank's event writer in a launched worker
+
+
+def connect(emit) -> None:
+    """In a launched worker: each ``set_trigger()`` also becomes a ``trigger`` event through ``emit``."""
+    global _emit
+    _emit = emit
 
 
 def set_trigger() -> None:
     """Ask every rank to stop at the next ``check_trigger()``."""
     global _flag
     _flag = True
-    if _on_trigger is not None:
-        _on_trigger({"call_site": ops.call_site()})
+    if _emit is not None:
+        _emit(TRIGGER, {"call_site": ops.call_site()})
 
 
 def check_trigger() -> bool:
     """True on every rank if any rank called ``set_trigger()`` since the last check (and resets it)."""
     global _flag
-    if not ops._distributed():
-        fired, _flag = _flag, False
-        return fired
-    flag = torch.tensor([1 if _flag else 0], device=ops._check_device())
-    with ops._collective("notebook_launcher.check_trigger", None, "op"):
-        ops._raw["all_reduce"](flag, op=dist.ReduceOp.MAX)
-    if flag.item():
-        _flag = False
-        return True
-    return False
+    fired = ops.any_rank(_flag, "notebook_launcher.check_trigger")
+    _flag = False
+    return fired

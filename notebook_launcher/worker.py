@@ -29,8 +29,7 @@ import sys
 import time
 import traceback
 
-from .events import (BATCH_SIZE, FAILURE, OUTPUT, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS, TRIGGER, EventWriter,
-                     WorkerSpec, write_all)
+from .events import FAILURE, OUTPUT, RESULT, STATUS, EventWriter, WorkerSpec, write_all
 from .logging import install_event_logging
 from .progress_record import ProgressRecord
 from .proctree import become_subreaper, end_own_descendants
@@ -308,20 +307,18 @@ def _retarget_logging_handlers(previous_streams) -> None:
 
 def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
     """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
-    checks that all ranks agree before it runs."""
-    from . import triggers
-    from .ops import install_collective_hooks
+    checks that all ranks agree before it runs; set_trigger() tells the kernel."""
+    from . import ops, triggers
 
     progress = ProgressRecord(spec.progress_path) if spec.progress_path else None
-    install_collective_hooks(spec.debug, on_mismatch=lambda data: events.emit(SHAPE_MISMATCH, data),
-                             progress=progress)
-    triggers._on_trigger = lambda data: events.emit(TRIGGER, data)
+    ops.connect(events.emit, debug=spec.debug, progress=progress)
+    triggers.connect(events.emit)
 
 
 def _connect_progress_reports(events: EventWriter) -> None:
     from . import progress
 
-    progress._on_report = lambda data: events.emit(PROGRESS, data)
+    progress.connect(events.emit)
 
 
 def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:
@@ -329,8 +326,7 @@ def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:
     ``memory_limit`` caps the worker's address space, so an allocation over it fails as a real CPU OOM."""
     from . import memory
 
-    memory._on_batch_size = lambda data: events.emit(BATCH_SIZE, data)
-    memory._distributed_worker = spec.world_size > 1
+    memory.connect(events.emit, distributed=spec.world_size > 1)
     if spec.memory_limit:
         import resource
 
