@@ -330,27 +330,26 @@ def _attempts(plan, run: Run, display, payload_path: str, on_event, current: _At
         supervisor = Supervisor(plan, on_event, payload_path, on_tick=_both(in_order.release, display.tick),
                                 store_listen_fd=reservation.fileno() if reservation else -1, progress_dir=run.run_dir)
         run.status = "running"
-        try:  # once started, rank 0 has its own copy of the listening socket
-            supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
+        try:  # once started, rank 0 has its own copy of the listening socket; run() ends every worker itself
+            outcome = supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
         finally:
             if reservation is not None:
                 reservation.close()
-            supervisor.close()
             in_order.release(everything=True)
-        ranks = [worker.rank for worker in supervisor.workers]
-        if supervisor.stop_reason in ("hang", "timeout"):
-            run.status = "hung" if supervisor.stop_reason == "hang" else "timed out"
-            message = hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq, plan.timeout,
-                                   run.run_dir, supervisor.stop_reason == "timeout")
-            run.stuck_ranks = sorted(rank for rank, info in supervisor.snapshot.items()
+        ranks = outcome.ranks
+        if outcome.stop_reason in ("hang", "timeout"):
+            run.status = "hung" if outcome.stop_reason == "hang" else "timed out"
+            message = hang_message(outcome.snapshot, tracker, outcome.stack_dump_seq, plan.timeout,
+                                   run.run_dir, outcome.stop_reason == "timeout")
+            run.stuck_ranks = sorted(rank for rank, info in outcome.snapshot.items()
                                      if info.get("state") == "running")
             run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq))
-                          for rank, seq in supervisor.stack_dump_seq.items()}
+                          for rank, seq in outcome.stack_dump_seq.items()}
             if all(tracker.state(rank) == "starting" for rank in ranks):
                 message = _rendezvous_note(plan) + "\n\n" + message
             raise LaunchTimeoutError(message, run)
         failures = tracker.failures()
-        if not failures and supervisor.stop_reason is None:
+        if not failures and outcome.stop_reason is None:
             return _finished(run, display)
         run.failures, run.root_cause = failures, root_cause(failures)
         # on an agent of a launch across hosts, the launching kernel decides new tries for every host
