@@ -83,6 +83,7 @@ class Supervisor:
         os.set_blocking(self._wake_write, False)
         self._selector.register(self._wake_read, selectors.EVENT_READ, (None, "wake"))
         self._interrupt = DeferredInterrupt(self._wake_write)
+        self._muted = False  # a teardown after on_event failed: nothing more is passed on
 
     # -- run -------------------------------------------------------------------------------------------------
     def run(self, timeout: float | None, on_started=None) -> SupervisorOutcome:
@@ -276,6 +277,8 @@ class Supervisor:
             self._deliver(event)
 
     def _deliver(self, event: Event) -> None:
+        if self._muted:
+            return
         self.on_event(event)
         if self._stop_reason is None and self._is_fatal(event):
             if event.data.get("all_ranks_raise") and not self._everyone_reported():
@@ -365,7 +368,19 @@ class Supervisor:
 
     def _close(self) -> None:
         """The end of every run, however it ended: nothing of ours survives, every fd is closed, every child
-        reaped."""
+        reaped. What is still in the pipes is passed on; if passing it on fails (the error that ended the run,
+        again), the rest is ended without it."""
+        try:
+            try:
+                self._end_all()
+            except BaseException:
+                self._muted = True
+                self._end_all()
+                raise
+        finally:
+            self._release()
+
+    def _end_all(self) -> None:
         if any(worker.alive for worker in self._workers):
             self._signal_all(signal.SIGKILL)
             deadline = time.monotonic() + CLOSE_WAIT_S
@@ -373,10 +388,13 @@ class Supervisor:
                 self._reap_all()
                 time.sleep(0.01)
         self._drain_and_close_all()
+
+    def _release(self) -> None:
         for worker in self._workers:
-            if worker.pidfd is not None:
-                os.close(worker.pidfd)
-                worker.pidfd = None
+            for fd in [*worker.read_fds.values()] + ([worker.pidfd] if worker.pidfd is not None else []):
+                os.close(fd)
+            worker.read_fds.clear()
+            worker.pidfd = None
         self._selector.close()
         self._hangs.close()
         os.close(self._wake_read)
