@@ -225,14 +225,14 @@ class Cluster:
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self, timeout: float | None) -> None:
-        from .supervisor import _DeferredInterrupt
+        from .interrupts import DeferredInterrupt
 
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_read, False)
         self._selector.register(wake_read, selectors.EVENT_READ, (None, "wake"))
         deadline = None if timeout is None else time.monotonic() + timeout + STOP_GRACE_S
         try:
-            with _DeferredInterrupt(wake_write) as interrupt:
+            with DeferredInterrupt(wake_write) as interrupt:
                 if self.start_with == "mpirun":
                     self._start_mpirun()
                 else:

@@ -15,7 +15,7 @@ from ..failure import failure_message, hang_message
 from ..ports import reserve_port
 from ..rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from ..runs import Run
-from ..supervisor import Supervisor
+from ..supervisor import Supervisor, SupervisorOutcome
 from .attempts import Attempts
 
 
@@ -27,7 +27,7 @@ class LocalLauncher:
 
     def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
         if plan.start_method == "fork":
-            import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (~1 s each)
+            import torch.distributed  # noqa: F401 (imported once here, not in every forked worker: ~1 s each)
         payload_path = self._write_payload(attempts.log) if self.payload else ""
         meeting_point = None
         if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
@@ -41,23 +41,21 @@ class LocalLauncher:
             supervisor = Supervisor(plan, attempts.on_event, payload_path, on_tick=attempts.tick,
                                     store_listen_fd=reservation.fileno() if reservation else -1,
                                     progress_dir=run.run_dir)
-            try:  # once started, rank 0 has its own copy of the listening socket
-                supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
+            try:  # once started, rank 0 has its own copy of the listening socket; run() ends every worker itself
+                outcome = supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
             finally:
                 if reservation is not None:
                     reservation.close()
-                supervisor.close()
                 attempts.end()
-            ranks = [worker.rank for worker in supervisor.workers]
-            if supervisor.stop_reason in ("hang", "timeout"):
-                raise _hang_error(plan, run, attempts, supervisor, ranks)
+            if outcome.stop_reason in ("hang", "timeout"):
+                raise _hang_error(plan, run, attempts, outcome)
             failures = attempts.tracker.failures()
-            if not failures and supervisor.stop_reason is None:
+            if not failures and outcome.stop_reason is None:
                 return attempts.finished()
             again = attempts.next_plan(plan, failures, "all ranks")
             if again is None:
                 run.status = "failed"
-                raise RankFailedError(failure_message(run.root_cause, failures, attempts.tracker, ranks,
+                raise RankFailedError(failure_message(run.root_cause, failures, attempts.tracker, outcome.ranks,
                                                       run.run_dir), run.root_cause, failures, run)
             plan = again
 
@@ -85,14 +83,15 @@ class LocalLauncher:
         return plan, reservation
 
 
-def _hang_error(plan, run: Run, attempts: Attempts, supervisor, ranks) -> LaunchTimeoutError:
+def _hang_error(plan, run: Run, attempts: Attempts, outcome: SupervisorOutcome) -> LaunchTimeoutError:
+    """A hang or the timeout: where every rank was and its stacks, in the message and on the Run."""
     tracker = attempts.tracker
-    run.status = "hung" if supervisor.stop_reason == "hang" else "timed out"
-    message = hang_message(supervisor.snapshot, tracker, supervisor.stack_dump_seq, plan.timeout, run.run_dir,
-                           supervisor.stop_reason == "timeout")
-    run.stuck_ranks = sorted(rank for rank, info in supervisor.snapshot.items() if info.get("state") == "running")
-    run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq)) for rank, seq in supervisor.stack_dump_seq.items()}
-    if all(tracker.state(rank) == "starting" for rank in ranks):
+    run.status = "hung" if outcome.stop_reason == "hang" else "timed out"
+    message = hang_message(outcome.snapshot, tracker, outcome.stack_dump_seq, plan.timeout, run.run_dir,
+                           outcome.stop_reason == "timeout")
+    run.stuck_ranks = sorted(rank for rank, info in outcome.snapshot.items() if info.get("state") == "running")
+    run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq)) for rank, seq in outcome.stack_dump_seq.items()}
+    if all(tracker.state(rank) == "starting" for rank in outcome.ranks):
         message = _rendezvous_note(plan) + "\n\n" + message
     return LaunchTimeoutError(message, run)
 

@@ -1,0 +1,103 @@
+"""One rank's pipes, demultiplexed: bytes read on its event, stdout and stderr pipes in, its events out.
+
+Knows nothing about processes (who reads the pipes, when a rank exits): it is fed what was read, channel by
+channel, with ``b""`` for a channel's end, and numbers every event it makes in the order made. Everything fed
+is untrusted: a corrupt or unfinished event stream becomes one failure event, never an exception, and the
+lines before it are kept.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from .decoding import FrameDecoder, LineSplitter, event_from_frame
+from .events import CORRUPT_EVENT_STREAM, FAILURE, OUTPUT, STREAM, TRUNCATED_EVENT, Event
+from .results import result_sinks
+
+CHANNELS = ("events", "stdout", "stderr")
+STREAMS = ("stdout", "stderr")
+
+
+class RankDemux:
+    """The events of one rank, numbered per rank (``seq`` is the last number given).
+
+    Events are made lazily, as the caller iterates, so their numbers follow the order in which the caller
+    passes them on. A rank's text arrives two ways, each cut into lines by a splitter of its own: what its fd
+    1/2 pipes carry (C++ and subprocess output, and faulthandler's stack dumps) and Python-level writes sent
+    as ``output`` events on the event pipe.
+    """
+
+    def __init__(self, rank: int, sinks=result_sinks):
+        self.rank = rank
+        self.seq = 0
+        self._decoder = FrameDecoder(sinks)
+        self._broken_reported = False
+        self._fd_lines: dict[str, LineSplitter] = {stream: LineSplitter() for stream in STREAMS}
+        self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
+
+    def feed(self, channel: str, chunk: bytes) -> Iterator[Event]:
+        """The events in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the channel's end (EOF)."""
+        if channel == "events":
+            return self._feed_events(chunk)
+        return self._feed_stream(channel, chunk)
+
+    def _feed_events(self, chunk: bytes) -> Iterator[Event]:
+        decoder = self._decoder
+        for header, attachment in decoder.feed(chunk):
+            yield from self._from_frame(header, attachment)
+        if decoder.broken and not self._broken_reported:  # the pipe is still read (and dropped): no block
+            self._broken_reported = True
+            yield self.event(FAILURE, {
+                "type": CORRUPT_EVENT_STREAM, "message": f"rank {self.rank} wrote bytes on its event pipe "
+                f"that are not an event ({decoder.broken}); what it sent there after them is lost (its stdout "
+                f"and stderr are not)", "traceback": "", "exit_code": None})
+        if not chunk and decoder.pending_bytes:
+            yield self.event(FAILURE, {
+                "type": TRUNCATED_EVENT, "message": f"{decoder.pending_bytes} bytes of an unfinished event "
+                "(the worker died while writing it)", "traceback": "", "exit_code": None})
+
+    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event]:
+        splitter = self._fd_lines[stream]
+        lines = splitter.feed(chunk) if chunk else splitter.finish()
+        for line in lines:
+            yield self.event(STREAM, {"stream": stream, "text": line})
+        yield from self._redraw(stream, splitter)
+
+    def _from_frame(self, header: dict, attachment) -> Iterator[Event]:
+        header["rank"] = self.rank  # the pipe says who wrote it
+        if header.get("kind") == OUTPUT:  # Python-level text: cut into lines here, passed on as stream events
+            data = header.get("data") or {}
+            stream = data.get("stream", "stdout")
+            splitter = self._python_lines.setdefault(stream, LineSplitter())
+            for line in splitter.feed(str(data.get("text", "")).encode("utf-8", "backslashreplace")):
+                yield self.event(STREAM, {"stream": stream, "text": line})
+            yield from self._redraw(stream, splitter)
+            return
+        self.seq += 1
+        yield event_from_frame(header, attachment, self.seq)
+
+    def _redraw(self, stream: str, splitter: LineSplitter) -> Iterator[Event]:
+        """A line redrawn in place (a progress bar) is passed on as it changes, marked so it is not a new line."""
+        latest = splitter.redraw()
+        if latest is not None:
+            yield self.event(STREAM, {"stream": stream, "text": latest, "redraw": True})
+
+    def finish_python_lines(self) -> Iterator[Event]:
+        """Once the rank has exited: a last line it printed from Python without a newline."""
+        for stream in STREAMS:
+            splitter = self._python_lines.get(stream)
+            for line in splitter.finish() if splitter else []:
+                yield self.event(STREAM, {"stream": stream, "text": line})
+
+    def abandon(self, channel: str) -> Iterator[Event]:
+        """A channel closed before its end (a descendant that escaped the rank still holds the pipe open): the
+        last unfinished line of a stream channel; an event channel's unfinished frame is dropped."""
+        splitter = self._fd_lines.get(channel)
+        for line in splitter.finish() if splitter else []:
+            yield self.event(STREAM, {"stream": channel, "text": line})
+
+    def event(self, kind: str, data: dict) -> Event:
+        """An event of the kernel's about this rank (its exit, a failure it could not report), numbered next."""
+        self.seq += 1
+        return Event(rank=self.rank, seq=self.seq, time=time.monotonic(), kind=kind, data=data)

@@ -1,0 +1,73 @@
+"""The kernel's handle on one rank's process: its pid, pidfd and pipes, and how it ended once reaped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerProcess:
+    """One rank's process, as the supervisor sees it."""
+
+    rank: int
+    local_rank: int
+    pid: int = 0
+    popen: subprocess.Popen | None = None
+    pidfd: int | None = None
+    exit_code: int | None = None  # set once reaped (minus the signal that killed it)
+    signal: int | None = None
+    stopped_by_launcher: bool = False
+    sigkill_sent: bool = False
+    read_fds: dict = field(default_factory=dict)  # channel name (demux.CHANNELS) -> fd
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None and self.signal is None
+
+    def open_pidfd(self) -> int | None:
+        """A pidfd (readable once the process exits), where the system has them; None elsewhere (the
+        supervisor then polls)."""
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        return self.pidfd
+
+    def try_reap(self) -> bool:
+        """Reap it if it has exited, without waiting; True when it was reaped now (``exit_code`` is then set)."""
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else (SIGCHLD ignored in this process): status unknown
+            pid, status = self.pid, 255 << 8
+        else:
+            if pid == 0:
+                return False
+            if self.popen is not None:
+                self.popen.returncode = os.waitstatus_to_exitcode(status)
+        if os.WIFSIGNALED(status):
+            self.signal = os.WTERMSIG(status)
+            self.exit_code = -self.signal
+        else:
+            self.exit_code = os.WEXITSTATUS(status)
+        return True
+
+    def exit_data(self) -> dict:
+        """The data of its exit event: a rank that died of a signal the launcher did not send (SIGSEGV, SIGABRT,
+        an outside SIGKILL) died on its own first, even if the launcher was stopping it."""
+        ours = (None, signal.SIGTERM) + ((signal.SIGKILL,) if self.sigkill_sent else ())
+        if self.signal not in ours:
+            self.stopped_by_launcher = False
+        return {"exit_code": self.exit_code, "signal": self.signal, "signal_name": signal_name(self.signal),
+                "stopped_by_launcher": self.stopped_by_launcher}
+
+
+def signal_name(signum: int | None) -> str | None:
+    if signum is None:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

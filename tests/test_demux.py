@@ -1,0 +1,62 @@
+"""One rank's pipes demultiplexed: bytes in, events out (no process involved)."""
+
+import struct
+
+from notebook_launcher.demux import RankDemux
+from notebook_launcher.events import (CORRUPT_EVENT_STREAM, FAILURE, LOG, OUTPUT, STREAM, TRUNCATED_EVENT,
+                                      encode_frame)
+
+
+def lines(events, stream=None):
+    return [e.data["text"] for e in events if e.kind == STREAM and not e.data.get("redraw")
+            and (stream is None or e.data["stream"] == stream)]
+
+
+def test_frames_and_fd_output_become_numbered_events_of_the_pipes_rank():
+    demux = RankDemux(rank=3)
+    events = []
+    events += demux.feed("events", encode_frame(7, 1, LOG, {"message": "hello"})  # a header may claim any rank
+                         + encode_frame(3, 2, OUTPUT, {"stream": "stdout", "text": "printed in two wri"}))
+    events += demux.feed("events", encode_frame(3, 3, OUTPUT, {"stream": "stdout", "text": "tes\nand a last"}))
+    events += demux.feed("stderr", b"from C++\nno newline")
+    events += demux.feed("stderr", b"")  # the pipe's end: its last line even without a newline
+    events += demux.finish_python_lines()  # the rank exited: its last Python line too
+    assert [e.rank for e in events] == [3] * len(events)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert demux.seq == len(events)
+    assert events[0].kind == LOG and events[0].data["message"] == "hello" and events[0].data["worker_seq"] == 1
+    assert lines(events, "stdout") == ["printed in two writes", "and a last"]
+    assert lines(events, "stderr") == ["from C++", "no newline"]
+
+
+def test_a_line_redrawn_in_place_is_passed_on_as_a_redraw_then_as_its_last_state():
+    demux = RankDemux(rank=0)
+    events = list(demux.feed("stdout", b" 10%\r 50%"))
+    events += demux.feed("stdout", b"\r100%\n")
+    assert [(e.data["text"], e.data.get("redraw", False)) for e in events] == [(" 50%", True), ("100%", False)]
+
+
+def test_a_corrupt_frame_is_one_failure_and_the_lines_before_it_are_kept():
+    demux = RankDemux(rank=1)
+    before = encode_frame(1, 1, OUTPUT, {"stream": "stdout", "text": "the last line before the garbage\n"})
+    garbage = struct.pack(">II", 5, 0) + b"\xff\xfe\xfd\xfc\xfb"  # a header that is not marshal
+    after = encode_frame(1, 2, OUTPUT, {"stream": "stdout", "text": "sent after it: lost\n"})
+    events = list(demux.feed("events", before + garbage + after))
+    events += demux.feed("events", after)  # the pipe is still read, and dropped
+    events += demux.feed("events", b"")
+    events += demux.feed("stdout", b"fd output is not lost\n")
+    assert lines(events) == ["the last line before the garbage", "fd output is not lost"]
+    failures = [e for e in events if e.kind == FAILURE]
+    assert len(failures) == 1
+    assert failures[0].data["type"] == CORRUPT_EVENT_STREAM
+    assert failures[0].data["message"].startswith("rank 1 wrote bytes on its event pipe that are not an event")
+
+
+def test_an_event_cut_short_at_the_pipes_end_is_a_truncated_event_failure():
+    demux = RankDemux(rank=0)
+    whole = encode_frame(0, 1, LOG, {"message": "complete"})
+    cut = encode_frame(0, 2, LOG, {"message": "x" * 100})[:40]
+    events = list(demux.feed("events", whole + cut))
+    events += demux.feed("events", b"")
+    assert [e.kind for e in events] == [LOG, FAILURE]
+    assert events[1].data["type"] == TRUNCATED_EVENT and events[1].data["message"].startswith("40 bytes of an unfinished event")
