@@ -11,7 +11,9 @@ import torch
 import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (as the launcher does)
 
 from notebook_launcher.events import EXIT, FAILURE, RESULT, STREAM
-from notebook_launcher.plan import make_plan, reserve_port, spawn_payload
+from notebook_launcher.payload import spawn_payload
+from notebook_launcher.plan import make_plan
+from notebook_launcher.ports import reserve_port
 from notebook_launcher.results import unpack_result
 from notebook_launcher.supervisor import Supervisor
 
@@ -20,8 +22,8 @@ def supervise(function, args=(), start_method="fork", timeout=None, progress_dir
               on_event=None, on_tick=None):
     """One attempt as the launcher runs it: a plan, a reserved port whose socket rank 0 serves on, every event
     kept. Returns (outcome, events)."""
-    plan = make_plan(function, args, 2, "no", "29500", "127.0.0.1", 0, 1, "static", "", None, "none", 0, 0.1,
-                     None, start_method, "cpu", "auto", timeout)
+    plan = make_plan(function=function, args=args, num_processes=2, start_method=start_method, device="cpu",
+                     timeout=timeout)
     reservation = reserve_port(plan.master_addr, 0)
     plan = dataclasses.replace(plan, master_port=reservation.port)
     payload_path = ""
