@@ -23,16 +23,14 @@ import sys
 import time
 from collections import deque
 
-from .events import (AGENT_ENV_VAR, AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event, SignedFrameReader,
-                     UnverifiedStream, node_key)
+from .events import (AGENT_ENV_VAR, AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event,
+                     SignedFrameReader, UnverifiedStream, node_key)
+from .remote import SSH_FIX, check_ssh, mpi_sanity_run, mpirun_command, ssh_command
+from .remote import resolve_hosts  # noqa: F401 - the launcher checks hosts= through this module
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
 PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs
 EOF_GRACE_S = 2.0  # after a host's ssh exited (or its agent said it was done), how long its pipes may stay open
-SSH_BASE_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ServerAliveInterval=5",
-                    "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
-SSH_FIX = ("make each host reachable by key (`ssh-keygen`, then `ssh-copy-id HOST`) and check the host name, the "
-           "port and the firewall; `notebook_launcher.doctor()` runs the same SSH check")
 
 
 class HostFailedError(RuntimeError):
@@ -114,8 +112,7 @@ class Cluster:
 
     # -- start -------------------------------------------------------------------------------------------------
     def ssh_command(self, node: RemoteNode) -> list[str]:
-        remote = shlex.join([self.python, "-m", "notebook_launcher.agent"])
-        return ["ssh", *SSH_BASE_OPTIONS, *self.ssh_options, node.host, remote]
+        return ssh_command(node.host, self.ssh_options, [shlex.join([self.python, "-m", "notebook_launcher.agent"])])
 
     def _config(self, node: RemoteNode) -> dict:
         plan = self.plan
@@ -137,26 +134,6 @@ class Cluster:
         os.set_blocking(node.control.fileno(), False)
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
-    def mpirun_command(self) -> list[str]:
-        """One agent per host, started by the MPI found (the doctor's detection); each connects back."""
-        from .doctor import mpi_implementation
-
-        path, name = mpi_implementation()
-        if not path:
-            raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
-                                  "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
-        agent = [self.python, "-m", "notebook_launcher.agent", "--connect"]
-        count = str(len(self.nodes))
-        if name == "Open MPI":
-            command = [path, "--host", ",".join(f"{node.host}:1" for node in self.nodes), "-np", count,
-                       "-x", AGENT_ENV_VAR]
-            if os.geteuid() == 0:
-                command.append("--allow-run-as-root")
-        else:  # MPICH, Intel MPI (Hydra)
-            command = [path, "-hosts", ",".join(node.host for node in self.nodes), "-n", count, "-ppn", "1",
-                       "-genvlist", AGENT_ENV_VAR]
-        return command + self.mpirun_options + agent
-
     def _start_mpirun(self) -> None:
         from .rendezvous import advertised_address
 
@@ -165,7 +142,11 @@ class Cluster:
         self._selector.register(self._listener, selectors.EVENT_READ, (None, "accept"))
         address = advertised_address(f"{self.nodes[0].host}:1")  # where the hosts reach this kernel
         env = {**os.environ, AGENT_ENV_VAR: f"{address} {self._listener.getsockname()[1]} {self.secret.hex()}"}
-        self._mpirun_command = self.mpirun_command()
+        agent = [self.python, "-m", "notebook_launcher.agent", "--connect"]
+        self._mpirun_command = mpirun_command([node.host for node in self.nodes], agent, self.mpirun_options)
+        if not self._mpirun_command:
+            raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
+                                  "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
         process = subprocess.Popen(self._mpirun_command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
         output = self._mpirun_output
@@ -425,8 +406,6 @@ class Cluster:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
             if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure") \
                     and not node.killed:  # its ssh ended by itself, not because we stopped the run
-                from .doctor import check_ssh
-
                 if self.start_with == "mpirun":
                     return self._mpirun_problem(node, code)
                 tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
@@ -435,15 +414,14 @@ class Cluster:
                            (f"; fix: {check.fix}" if check.fix and check.verdict != "ok" else ""))
                 return (f"host {node.host} (node {node.node_rank}) could not run its ranks: "
                         f"`{shlex.join(self.ssh_command(node))}` exited with code {code}. Its last lines:\n{tail}\n"
-                        f"{verdict}.\nFix: {SSH_FIX}; and check that {self.python} exists there with "
+                        f"{verdict}.\nFix: {SSH_FIX} (`notebook_launcher.doctor()` runs the same SSH check); and "
+                        f"check that {self.python} exists there with "
                         f"notebook_launcher installed.")
         return None
 
     def _mpirun_problem(self, node: RemoteNode, code: int) -> str:
         """mpirun ended before this host's agent finished: what mpirun said, then the doctor's sanity run."""
         import tempfile
-
-        from .doctor import mpi_sanity_run
 
         tail = "\n".join(f"  {line}" for line in self._mpirun_output.stderr_tail) or "  (nothing on stderr)"
         with tempfile.NamedTemporaryFile("w", suffix=".hosts") as hostfile:
@@ -463,48 +441,3 @@ class Cluster:
             if node.error:
                 return node, node.error
         return None
-
-
-def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with="ssh",
-                  mpirun_options=None) -> list[str]:
-    """The hosts to start ranks on ([] for a launch on this machine only), checked before anything starts."""
-    from .plan import LaunchArgumentError
-
-    if start_hosts_with not in ("ssh", "mpirun"):
-        raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default) or 'mpirun'")
-    if mpirun_options is not None and (start_hosts_with != "mpirun" or isinstance(mpirun_options, str) or
-                                       not all(isinstance(option, str) for option in mpirun_options)):
-        raise LaunchArgumentError(f"mpirun_options must be a list of mpirun arguments, with "
-                                  f"start_hosts_with='mpirun' (got {mpirun_options!r})")
-
-    if hosts is not None and hostfile is not None:
-        raise LaunchArgumentError("give hosts=[...] or hostfile=..., not both")
-    if hostfile is not None:
-        if not os.path.isfile(str(hostfile)):
-            raise LaunchArgumentError(f"hostfile={hostfile!r} is not a file: give a file with one host per line")
-        from .doctor import read_hostfile  # the doctor reads MPI hostfiles the same way
-
-        hosts = read_hostfile(str(hostfile))
-        if not hosts:
-            raise LaunchArgumentError(f"hostfile={hostfile!r} lists no host: one host name or address per line")
-    if ssh_options is not None and start_hosts_with == "mpirun":
-        raise LaunchArgumentError("ssh_options is for start_hosts_with='ssh'; with mpirun, give its own options in "
-                                  "mpirun_options (e.g. ['--mca', 'plm_rsh_agent', 'ssh -p 2222'] for Open MPI)")
-    if hosts is None:
-        if ssh_options is not None:
-            raise LaunchArgumentError("ssh_options is only used with hosts=[...] or hostfile=...")
-        return []
-    if isinstance(hosts, str) or not all(isinstance(host, str) and host.strip() for host in hosts) or not hosts:
-        raise LaunchArgumentError(f"hosts must be a list of host names or addresses, got {hosts!r}")
-    hosts = [host.strip() for host in hosts]
-    if len(set(hosts)) != len(hosts):
-        raise LaunchArgumentError(f"hosts lists a host twice ({hosts}): one entry per host, each runs "
-                                  f"num_processes ranks")
-    if num_nodes not in (1, len(hosts)) or node_rank != 0:
-        raise LaunchArgumentError(f"with hosts=[...] every host is a node, numbered in the order given: leave "
-                                  f"num_nodes and node_rank out (got num_nodes={num_nodes}, node_rank={node_rank})")
-    if ssh_options is not None and (isinstance(ssh_options, str) or
-                                    not all(isinstance(option, str) for option in ssh_options)):
-        raise LaunchArgumentError(f"ssh_options must be a list of ssh arguments such as ['-p', '2222', '-i', "
-                                  f"'~/.ssh/id_ed25519'], got {ssh_options!r}")
-    return hosts
