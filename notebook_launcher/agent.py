@@ -49,10 +49,12 @@ class ForwardingDisplay:
     """The launcher's display on an agent: every event and note goes to the kernel instead of a screen.
 
     ``single_attempt``: this host does not restart its ranks itself (after an out-of-memory error in
-    find_executable_batch_size); the launching kernel restarts every host at the agreed size.
+    find_executable_batch_size); the launching kernel restarts every host at the agreed size. ``in_workers``:
+    even one rank runs in a worker process (not in the agent), whose events carry its result to the kernel.
     """
 
     single_attempt = True
+    in_workers = True
 
     def __init__(self, writer: SignedWriter):
         self._writer = writer

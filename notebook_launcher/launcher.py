@@ -173,6 +173,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
         start_method, device, backend, timeout, debug, config_file, memory_limit)
+    plan.in_workers = bool(hosts) or getattr(display, "in_workers", False)  # (an agent's display says so)
     payload = planning.spawn_payload(function, plan.args) if plan.spawns_workers or hosts else b""
     log = RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,

@@ -57,11 +57,12 @@ class LaunchPlan:
     memory_limit: int = 0  # bytes per worker; 0: none
     batch_sizes: dict | None = None  # find_executable_batch_size sizes agreed after an out-of-memory restart
     debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
+    in_workers: bool = False  # even one rank in a worker (a launch across hosts: its events carry the result)
 
     @property
     def runs_in_kernel(self) -> bool:
         """One process on one node: the function runs in the kernel itself."""
-        return self.num_processes == 1 and self.num_nodes == 1
+        return self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers
 
     @property
     def spawns_workers(self) -> bool:

@@ -103,6 +103,27 @@ def test_the_panel_shows_remote_ranks_with_their_host(local_sshd, tmp_path):
     assert state["ranks"][1]["lines"][-1]["text"].startswith("rank 1 of 2 on ")
 
 
+def sum_of_ones():
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    parent = " ".join(psutil.Process(os.getppid()).cmdline())
+    return dist.get_rank(), dist.get_world_size(), total.item(), "notebook_launcher.agent" in parent
+
+
+def test_one_process_per_host_runs_in_a_worker_whose_result_comes_back(local_sshd):
+    for hosts, world_size in ((HOSTS, 2), (HOSTS[:1], 1)):
+        result = notebook_launcher(sum_of_ones, num_processes=1, hosts=hosts, ssh_options=local_sshd, device="cpu",
+                                   timeout=120, display="text")
+        assert result == (0, world_size, float(world_size), True)  # a worker forked by the host's agent
+        run = last_run()
+        assert run.status == "finished" and run.results[0] == result and sorted(run.exit_codes) == list(
+            range(world_size))
+
+
 def test_a_rank_killed_on_one_host_ends_the_run_on_every_host(local_sshd, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
