@@ -23,6 +23,7 @@ import sys
 import time
 from collections import deque
 
+from .backchannel import BackChannel, listen_address
 from .events import (AGENT_ENV_VAR, AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event,
                      SignedFrameReader, UnverifiedStream, node_key)
 from .remote import SSH_FIX, check_ssh, mpi_sanity_run, mpirun_command, ssh_command
@@ -71,6 +72,7 @@ class RemoteNode:
         self.sources: list = []  # what the kernel reads from it: ssh's stdout and stderr, or the connection
         self.connected = False  # mpirun: its agent connected back and proved it holds the key
         self.connection: socket.socket | None = None
+        self.session = None  # mpirun: what seals the kernel's messages on the connection (backchannel.Session)
         self.outbox = bytearray()  # what is still to be written to its stdin (never a blocking write)
         self.close_stdin = False  # close stdin once the outbox is written (a stop)
         self.ended_at: float | None = None  # when its ssh exited or its agent said it was done
@@ -97,7 +99,7 @@ class Cluster:
         self.mpirun_options = list(mpirun_options or [])
         self._mpirun_command: list[str] = []
         self._master_line = b""  # node 0's store address, for the other agents
-        self._listener: socket.socket | None = None
+        self._backchannel: BackChannel | None = None
         self._mpirun_output = RemoteNode("mpirun", -1, self.secret)  # mpirun's own stdout/stderr lines
         self.payload = payload
         self.on_event = on_event
@@ -116,7 +118,8 @@ class Cluster:
 
     def _config(self, node: RemoteNode) -> dict:
         plan = self.plan
-        return {"secret": self.secret.hex(), "payload_bytes": len(self.payload), "node_rank": node.node_rank,
+        secret = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
+        return {**secret, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
                 "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
@@ -135,18 +138,21 @@ class Cluster:
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
     def _start_mpirun(self) -> None:
-        from .rendezvous import advertised_address
-
-        self._listener = socket.create_server(("0.0.0.0", 0), backlog=len(self.nodes) + 4)
-        self._listener.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, (None, "accept"))
-        address = advertised_address(f"{self.nodes[0].host}:1")  # where the hosts reach this kernel
-        env = {**os.environ, AGENT_ENV_VAR: f"{address} {self._listener.getsockname()[1]} {self.secret.hex()}"}
+        """One agent per host, started by the MPI found; each connects back to the back-channel (backchannel.py)
+        on the address the hosts reach this kernel on."""
+        try:
+            self._backchannel = channel = BackChannel(listen_address([node.host for node in self.nodes]),
+                                                      self.secret, len(self.nodes), self._selector)
+        except OSError as exc:
+            raise HostFailedError(f"start_hosts_with='mpirun': cannot listen for the agents on the address the "
+                                  f"hosts reach this machine on ({exc}); check this machine's name and network, or "
+                                  f"use start_hosts_with='ssh'") from None
         agent = [self.python, "-m", "notebook_launcher.agent", "--connect"]
         self._mpirun_command = mpirun_command([node.host for node in self.nodes], agent, self.mpirun_options)
         if not self._mpirun_command:
             raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
                                   "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
+        env = {**os.environ, AGENT_ENV_VAR: f"{channel.address} {channel.port} {self.secret.hex()}"}
         process = subprocess.Popen(self._mpirun_command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
         output = self._mpirun_output
@@ -159,31 +165,22 @@ class Cluster:
             output.sources.append(pipe)
             output.open_pipes += 1
 
-    def _accept(self) -> None:
-        """An agent connected back: it must say which node it is and prove it holds that node's key first."""
-        import hmac
-
-        try:
-            connection, _ = self._listener.accept()
-        except BlockingIOError:
+    def _hello(self, connection: socket.socket) -> None:
+        """A connection to the back-channel said something: once an agent has proven which node it is, the
+        kernel proves itself in turn, then sends that node its settings and the function, sealed."""
+        proven = self._backchannel.hello(connection)
+        if proven is None:
             return
-        connection.settimeout(2)  # an agent says who it is at once; a stranger holds the loop 2 s at most
-        try:
-            rank_text, _, proof = connection.makefile("rb").readline(200).decode().strip().partition(" ")
-            node = self.nodes[int(rank_text)]
-            expected = hmac.new(node_key(self.secret, node.node_rank), b"hello", "sha256").hexdigest()
-            if node.connected or not hmac.compare_digest(proof, expected):
-                raise ValueError("not this run's agent")
-        except (OSError, ValueError, IndexError, UnicodeDecodeError):
-            connection.close()  # not ours, or too slow: never read further
-            return
-        connection.setblocking(False)
+        node_rank, connection, session = proven
+        node = self.nodes[node_rank]
         node.connected = True
         node.connection = connection
         self._selector.register(connection, selectors.EVENT_READ, (node, "events"))
         node.sources.append(connection)
         node.open_pipes += 1
         node.control = _SocketControl(connection)
+        self._send(node, session.proof(b"kernel").encode() + b"\n")
+        node.session = session  # from here on, each message is sealed
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
         if node.node_rank != 0 and self._master_line:
             self._send(node, self._master_line)
@@ -193,6 +190,8 @@ class Cluster:
         that does not read never blocks the kernel)."""
         if node.control is None or node.control.closed:
             return
+        if node.session is not None:
+            data = node.session.seal(data)
         if not node.outbox:
             self._selector.register(node.control, selectors.EVENT_WRITE, (node, "control"))
         node.outbox += data
@@ -237,6 +236,8 @@ class Cluster:
                         self.stop("failure")
                     if self._kill_at is not None and now >= self._kill_at:
                         self._kill_all()
+                    if self._backchannel is not None:
+                        self._backchannel.expire()
                     self._step(0.1)
                     self.on_tick()
         finally:
@@ -249,8 +250,8 @@ class Cluster:
                                  node.connection):
                         with contextlib.suppress(OSError, ValueError, AttributeError):
                             pipe.close()
-            if self._listener is not None:
-                self._listener.close()
+            if self._backchannel is not None:
+                self._backchannel.close()
             self._selector.close()
             os.close(wake_read)
             os.close(wake_write)
@@ -291,7 +292,10 @@ class Cluster:
                 self._write(node)
                 continue
             if channel == "accept":
-                self._accept()
+                self._backchannel.accept()
+                continue
+            if channel == "hello":
+                self._hello(key.fileobj)
                 continue
             try:
                 chunk = os.read(key.fd, 65536)

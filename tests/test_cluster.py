@@ -329,25 +329,3 @@ def test_with_mpirun_a_killed_rank_ends_the_run_on_every_host(local_sshd, tmp_pa
                           mpirun_options=_mpirun_through(local_sshd))
     assert caught.value.rank == 3 and "SIGKILL" in caught.value.failure.type
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
-
-
-def test_an_agent_that_cannot_prove_it_belongs_to_the_run_is_refused():
-    import hmac
-    import socket
-
-    from notebook_launcher.cluster import Cluster
-    from notebook_launcher.plan import make_plan
-
-    plan = make_plan(everyone, ("/x",), 1, "no", "29500", "127.0.0.1", 0, 2, "static", "", None, "none", 0, 0.1,
-                     None, "auto", "cpu", "auto", None, None, None, None)
-    cluster = Cluster(plan, HOSTS, None, b"", lambda event: None, lambda text: None, start_with="mpirun")
-    cluster._listener = socket.create_server(("127.0.0.1", 0))
-    port = cluster._listener.getsockname()[1]
-    for proof in ("0 " + "0" * 64, "1 " + hmac.new(node_key(b"another run", 1), b"hello", "sha256").hexdigest()):
-        with socket.create_connection(("127.0.0.1", port)) as intruder:
-            intruder.sendall(proof.encode() + b"\n")
-            cluster._listener.setblocking(True)
-            cluster._accept()
-            assert intruder.recv(100) == b""  # closed without a byte of the run's settings or function
-    assert not any(node.connected for node in cluster.nodes)
-    cluster._listener.close()
