@@ -71,6 +71,7 @@ from common import (
 import notebook_launcher as nl_pkg
 from notebook_launcher import RankFailedError, notebook_launcher
 from notebook_launcher import cluster as cluster_module
+from notebook_launcher import remote as remote_module
 
 RESULTS_PATH = os.path.join(HERE, "results", "hosts_launch.json")
 HOSTS = ["127.0.0.1", "127.0.0.2"]
@@ -418,7 +419,7 @@ class Bench:
         self.quiet = Quiet(os.path.join(workdir, "launcher_output.log"))
         self.timeline = ClusterTimeline()
         self.stamp_path = os.path.join(workdir, "last_rank_raised_at")
-        self.ssh_base = ["ssh", *cluster_module.SSH_BASE_OPTIONS, *sshd.options]  # what Cluster runs, + the command
+        self.ssh_base = ["ssh", *remote_module.SSH_BASE_OPTIONS, *sshd.options]  # what Cluster runs, + the command
 
     def keep(self) -> set:
         return {self.sshd.server.pid} | self.nodes.pids()
@@ -450,7 +451,7 @@ class Bench:
                     remote = (shlex.join([sys.executable, "-c", "import torch.distributed"])
                               if method == "ssh_import" else "true")
                     start = time.monotonic()
-                    clients = [subprocess.Popen([*self.ssh_base, host, remote], stdin=subprocess.DEVNULL,
+                    clients = [subprocess.Popen([*self.ssh_base, "--", host, remote], stdin=subprocess.DEVNULL,
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                                for host in HOSTS]
                     codes = [client.wait() for client in clients]
@@ -627,7 +628,7 @@ def summarize(args, samples: dict, warmups: dict) -> dict:
         "benchmark": "hosts_launch",
         "settings": {"reps": args.reps, "warmup": args.warmup, "nproc_per_host": args.nproc,
                      "world_size": 2 * args.nproc, "hosts": HOSTS, "methods": METHODS,
-                     "call_guard_s": CALL_GUARD_S, "ssh_base_options": cluster_module.SSH_BASE_OPTIONS,
+                     "call_guard_s": CALL_GUARD_S, "ssh_base_options": remote_module.SSH_BASE_OPTIONS,
                      "peer_report_grace_s": cluster_module.PEER_REPORT_GRACE_S},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "notebook_launcher": getattr(nl_pkg, "__version__", "?"),

@@ -2,13 +2,14 @@
 
 The launching kernel starts ``python -m notebook_launcher.agent`` on each host over SSH (or with mpirun, one
 agent per host, each connecting back to the kernel with ``--connect``: then that connection carries what stdin
-and stdout carry over SSH). The agent runs that
-host's ranks with the ordinary launcher (fork, supervision, teardown, hang diagnosis) and sends every event
-back on its stdout, which is the SSH channel, each frame signed (``events.sign_frame``).
+and stdout carry over SSH, once both ends have proven they hold the run's key, and each message from the kernel
+is checked before it is read: ``backchannel``). The agent runs that host's ranks with the ordinary launcher
+(fork, supervision, teardown, hang diagnosis) and sends every event back on its stdout, which is the SSH
+channel, each frame signed (``events.sign_frame``).
 
-stdin carries: one JSON line (this node's settings and the run's secret), the pickled function and arguments
-(``payload_bytes`` of them), then control lines: ``{"master_addr": a, "master_port": p}`` for nodes other than
-0 (node 0 reserves the port for the ranks' store, on the address the kernel reached it on, and reports both
+stdin carries: one JSON line (this node's settings and, over SSH, the run's secret), the pickled function and
+arguments (``payload_bytes`` of them), then control lines: ``{"master_addr": a, "master_port": p}`` for nodes
+other than 0 (node 0 reserves the port for the ranks' store, on the address the kernel reached it on, and reports both
 first), and ``{"stop": true}``. End of stdin means stop as well, so a dropped connection or a killed kernel ends
 this host's ranks: nothing is left behind. Each host signs with its own key, derived from the secret.
 """
@@ -99,37 +100,53 @@ class StdinReader:
 
 
 def _watch_stdin(stdin: StdinReader) -> None:
-    """A stop request, or the end of stdin (the kernel or the connection went away): interrupt the launch, which
-    stops every rank of this host the way a kernel interrupt does."""
-    while True:
-        line = stdin.readline()
-        if not line or json.loads(line).get("stop"):
-            break
+    """A stop request, or the end of stdin (the kernel or the connection went away), or a message that is not
+    the kernel's: interrupt the launch, which stops every rank of this host the way a kernel interrupt does."""
+    from .backchannel import ChannelRefused
+
+    try:
+        while True:
+            line = stdin.readline()
+            if not line or json.loads(line).get("stop"):
+                break
+    except ChannelRefused as exc:
+        print(f"notebook_launcher.agent: {exc}; stopping", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def _connect_back() -> int:
-    """Started by mpirun: connect to the kernel named in $NOTEBOOK_LAUNCHER_AGENT and prove this is node N's
-    agent of this run (node N = this MPI rank); the connection then carries what stdin and stdout do over SSH."""
-    import hmac
-    import socket
+def _connect_back() -> tuple[int, "StdinReader", bytes]:
+    """Started by mpirun: connect to the kernel named in $NOTEBOOK_LAUNCHER_AGENT, and both prove they hold node
+    N's key of this run (node N = this MPI rank; ``backchannel``); the connection then carries what stdin and
+    stdout do over SSH, each message from the kernel checked before it is read."""
+    from .backchannel import connect
 
     address, port, secret = os.environ.pop(AGENT_ENV_VAR).split()  # the ranks do not inherit the secret
     node_rank = int(next(os.environ[name] for name in _MPI_RANK_VARS if name in os.environ))
-    connection = socket.create_connection((address, int(port)), timeout=30)
-    connection.settimeout(None)
-    proof = hmac.new(node_key(bytes.fromhex(secret), node_rank), b"hello", "sha256").hexdigest()
-    connection.sendall(f"{node_rank} {proof}\n".encode())
-    return connection.detach()
+    channel, session = connect(address, int(port), bytes.fromhex(secret), node_rank)
+    return channel, CheckedReader(channel, session), bytes.fromhex(secret)
+
+
+class CheckedReader(StdinReader):
+    """The agent's input over its connection to the kernel: whole messages, each checked with the session
+    before a byte of it is returned (so nothing unchecked is parsed, let alone unpickled)."""
+
+    def __init__(self, fd: int, session):
+        super().__init__(fd)
+        self._session = session
+
+    def _fill(self) -> None:
+        chunk = self._session.receive(self._fd)  # ChannelRefused if it is not the kernel's
+        self._eof = not chunk
+        self._buffer += chunk
 
 
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 
 
 def main(argv: list[str]) -> int:
+    secret = None  # with --connect, from mpirun's environment (the connection never carries it)
     if "--connect" in argv:
-        channel = _connect_back()
-        stdin = StdinReader(channel)
+        channel, stdin, secret = _connect_back()
     else:
         channel = os.dup(1)
         stdin = StdinReader(0)
@@ -139,7 +156,7 @@ def main(argv: list[str]) -> int:
     config = json.loads(stdin.readline())
     node_rank = config["node_rank"]
     payload = stdin.read(config["payload_bytes"])
-    writer = SignedWriter(channel, node_key(bytes.fromhex(config["secret"]), node_rank))
+    writer = SignedWriter(channel, node_key(secret or bytes.fromhex(config["secret"]), node_rank))
     reservation = None
     try:
         if node_rank == 0:
@@ -212,7 +229,7 @@ def _launch(function, args, config: dict, master: dict, writer: SignedWriter, re
                          mixed_precision=config["mixed_precision"], device=config["device"],
                          backend=config["backend"], timeout=config["timeout"], debug=config["debug"],
                          memory_limit=config["memory_limit"] or None, start_method="fork",
-                         results=config.get("results", "auto"))
+                         results=config.get("results", "auto"), in_workers=True)
         launch(plan, ForwardingDisplay(writer), single_attempt=True)  # the launching kernel decides new tries
     except RankFailedError:
         return 1  # its events (failures, exits) are already on their way
@@ -223,6 +240,12 @@ def _launch(function, args, config: dict, master: dict, writer: SignedWriter, re
 
 
 if __name__ == "__main__":
-    exit_code = main(sys.argv[1:])
+    from .backchannel import ChannelRefused
+
+    try:
+        exit_code = main(sys.argv[1:])
+    except ChannelRefused as exc:  # a kernel that is not this run's: nothing it sent was read
+        print(f"notebook_launcher.agent: {exc}", file=sys.stderr)
+        exit_code = 1
     sys.stderr.flush()
     os._exit(exit_code)  # every frame is written; skip the interpreter's teardown (~0.5 s with torch loaded)

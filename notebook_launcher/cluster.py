@@ -24,16 +24,14 @@ import time
 from collections import deque
 
 from .agent_channel import AGENT_ENV_VAR, SignedFrameReader, UnverifiedStream, node_key
+from .backchannel import BackChannel, listen_address
 from .errors import HostFailedError
 from .events import AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event
+from .remote import SSH_FIX, check_ssh, mpi_sanity_run, mpirun_command, ssh_command
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
 PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs
 EOF_GRACE_S = 2.0  # after a host's ssh exited (or its agent said it was done), how long its pipes may stay open
-SSH_BASE_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ServerAliveInterval=5",
-                    "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
-SSH_FIX = ("make each host reachable by key (`ssh-keygen`, then `ssh-copy-id HOST`) and check the host name, the "
-           "port and the firewall; `notebook_launcher.doctor()` runs the same SSH check")
 
 
 class _SocketControl:
@@ -66,6 +64,7 @@ class RemoteNode:
         self.sources: list = []  # what the kernel reads from it: ssh's stdout and stderr, or the connection
         self.connected = False  # mpirun: its agent connected back and proved it holds the key
         self.connection: socket.socket | None = None
+        self.session = None  # mpirun: what seals the kernel's messages on the connection (backchannel.Session)
         self.outbox = bytearray()  # what is still to be written to its stdin (never a blocking write)
         self.close_stdin = False  # close stdin once the outbox is written (a stop)
         self.ended_at: float | None = None  # when its ssh exited or its agent said it was done
@@ -92,7 +91,7 @@ class Cluster:
         self.mpirun_options = list(mpirun_options or [])
         self._mpirun_command: list[str] = []
         self._master_line = b""  # node 0's store address, for the other agents
-        self._listener: socket.socket | None = None
+        self._backchannel: BackChannel | None = None
         self._mpirun_output = RemoteNode("mpirun", -1, self.secret)  # mpirun's own stdout/stderr lines
         self.payload = payload
         self.on_event = on_event
@@ -107,12 +106,12 @@ class Cluster:
 
     # -- start -------------------------------------------------------------------------------------------------
     def ssh_command(self, node: RemoteNode) -> list[str]:
-        remote = shlex.join([self.python, "-m", "notebook_launcher.agent"])
-        return ["ssh", *SSH_BASE_OPTIONS, *self.ssh_options, node.host, remote]
+        return ssh_command(node.host, self.ssh_options, [shlex.join([self.python, "-m", "notebook_launcher.agent"])])
 
     def _config(self, node: RemoteNode) -> dict:
         plan = self.plan
-        return {"secret": self.secret.hex(), "payload_bytes": len(self.payload), "node_rank": node.node_rank,
+        secret = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
+        return {**secret, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
                 "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
@@ -130,35 +129,22 @@ class Cluster:
         os.set_blocking(node.control.fileno(), False)
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
-    def mpirun_command(self) -> list[str]:
-        """One agent per host, started by the MPI found (the doctor's detection); each connects back."""
-        from .doctor import mpi_implementation
-
-        path, name = mpi_implementation()
-        if not path:
+    def _start_mpirun(self) -> None:
+        """One agent per host, started by the MPI found; each connects back to the back-channel (backchannel.py)
+        on the address the hosts reach this kernel on."""
+        try:
+            self._backchannel = channel = BackChannel(listen_address([node.host for node in self.nodes]),
+                                                      self.secret, len(self.nodes), self._selector)
+        except OSError as exc:
+            raise HostFailedError(f"start_hosts_with='mpirun': cannot listen for the agents on the address the "
+                                  f"hosts reach this machine on ({exc}); check this machine's name and network, or "
+                                  f"use start_hosts_with='ssh'") from None
+        agent = [self.python, "-m", "notebook_launcher.agent", "--connect"]
+        self._mpirun_command = mpirun_command([node.host for node in self.nodes], agent, self.mpirun_options)
+        if not self._mpirun_command:
             raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
                                   "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
-        agent = [self.python, "-m", "notebook_launcher.agent", "--connect"]
-        count = str(len(self.nodes))
-        if name == "Open MPI":
-            command = [path, "--host", ",".join(f"{node.host}:1" for node in self.nodes), "-np", count,
-                       "-x", AGENT_ENV_VAR]
-            if os.geteuid() == 0:
-                command.append("--allow-run-as-root")
-        else:  # MPICH, Intel MPI (Hydra)
-            command = [path, "-hosts", ",".join(node.host for node in self.nodes), "-n", count, "-ppn", "1",
-                       "-genvlist", AGENT_ENV_VAR]
-        return command + self.mpirun_options + agent
-
-    def _start_mpirun(self) -> None:
-        from .rendezvous import advertised_address
-
-        self._listener = socket.create_server(("0.0.0.0", 0), backlog=len(self.nodes) + 4)
-        self._listener.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, (None, "accept"))
-        address = advertised_address(f"{self.nodes[0].host}:1")  # where the hosts reach this kernel
-        env = {**os.environ, AGENT_ENV_VAR: f"{address} {self._listener.getsockname()[1]} {self.secret.hex()}"}
-        self._mpirun_command = self.mpirun_command()
+        env = {**os.environ, AGENT_ENV_VAR: f"{channel.address} {channel.port} {self.secret.hex()}"}
         process = subprocess.Popen(self._mpirun_command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
         output = self._mpirun_output
@@ -171,31 +157,22 @@ class Cluster:
             output.sources.append(pipe)
             output.open_pipes += 1
 
-    def _accept(self) -> None:
-        """An agent connected back: it must say which node it is and prove it holds that node's key first."""
-        import hmac
-
-        try:
-            connection, _ = self._listener.accept()
-        except BlockingIOError:
+    def _hello(self, connection: socket.socket) -> None:
+        """A connection to the back-channel said something: once an agent has proven which node it is, the
+        kernel proves itself in turn, then sends that node its settings and the function, sealed."""
+        proven = self._backchannel.hello(connection)
+        if proven is None:
             return
-        connection.settimeout(2)  # an agent says who it is at once; a stranger holds the loop 2 s at most
-        try:
-            rank_text, _, proof = connection.makefile("rb").readline(200).decode().strip().partition(" ")
-            node = self.nodes[int(rank_text)]
-            expected = hmac.new(node_key(self.secret, node.node_rank), b"hello", "sha256").hexdigest()
-            if node.connected or not hmac.compare_digest(proof, expected):
-                raise ValueError("not this run's agent")
-        except (OSError, ValueError, IndexError, UnicodeDecodeError):
-            connection.close()  # not ours, or too slow: never read further
-            return
-        connection.setblocking(False)
+        node_rank, connection, session = proven
+        node = self.nodes[node_rank]
         node.connected = True
         node.connection = connection
         self._selector.register(connection, selectors.EVENT_READ, (node, "events"))
         node.sources.append(connection)
         node.open_pipes += 1
         node.control = _SocketControl(connection)
+        self._send(node, session.proof(b"kernel").encode() + b"\n")
+        node.session = session  # from here on, each message is sealed
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
         if node.node_rank != 0 and self._master_line:
             self._send(node, self._master_line)
@@ -205,6 +182,8 @@ class Cluster:
         that does not read never blocks the kernel)."""
         if node.control is None or node.control.closed:
             return
+        if node.session is not None:
+            data = node.session.seal(data)
         if not node.outbox:
             self._selector.register(node.control, selectors.EVENT_WRITE, (node, "control"))
         node.outbox += data
@@ -249,6 +228,8 @@ class Cluster:
                         self.stop("failure")
                     if self._kill_at is not None and now >= self._kill_at:
                         self._kill_all()
+                    if self._backchannel is not None:
+                        self._backchannel.expire()
                     self._step(0.1)
                     self.on_tick()
         finally:
@@ -261,8 +242,8 @@ class Cluster:
                                  node.connection):
                         with contextlib.suppress(OSError, ValueError, AttributeError):
                             pipe.close()
-            if self._listener is not None:
-                self._listener.close()
+            if self._backchannel is not None:
+                self._backchannel.close()
             self._selector.close()
             os.close(wake_read)
             os.close(wake_write)
@@ -303,7 +284,10 @@ class Cluster:
                 self._write(node)
                 continue
             if channel == "accept":
-                self._accept()
+                self._backchannel.accept()
+                continue
+            if channel == "hello":
+                self._hello(key.fileobj)
                 continue
             try:
                 chunk = os.read(key.fd, 65536)
@@ -418,8 +402,6 @@ class Cluster:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
             if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure") \
                     and not node.killed:  # its ssh ended by itself, not because we stopped the run
-                from .doctor import check_ssh
-
                 if self.start_with == "mpirun":
                     return self._mpirun_problem(node, code)
                 tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
@@ -428,15 +410,14 @@ class Cluster:
                            (f"; fix: {check.fix}" if check.fix and check.verdict != "ok" else ""))
                 return (f"host {node.host} (node {node.node_rank}) could not run its ranks: "
                         f"`{shlex.join(self.ssh_command(node))}` exited with code {code}. Its last lines:\n{tail}\n"
-                        f"{verdict}.\nFix: {SSH_FIX}; and check that {self.python} exists there with "
+                        f"{verdict}.\nFix: {SSH_FIX} (`notebook_launcher.doctor()` runs the same SSH check); and "
+                        f"check that {self.python} exists there with "
                         f"notebook_launcher installed.")
         return None
 
     def _mpirun_problem(self, node: RemoteNode, code: int) -> str:
         """mpirun ended before this host's agent finished: what mpirun said, then the doctor's sanity run."""
         import tempfile
-
-        from .doctor import mpi_sanity_run
 
         tail = "\n".join(f"  {line}" for line in self._mpirun_output.stderr_tail) or "  (nothing on stderr)"
         with tempfile.NamedTemporaryFile("w", suffix=".hosts") as hostfile:
@@ -456,48 +437,3 @@ class Cluster:
             if node.error:
                 return node, node.error
         return None
-
-
-def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with="ssh",
-                  mpirun_options=None) -> list[str]:
-    """The hosts to start ranks on ([] for a launch on this machine only), checked before anything starts."""
-    from .errors import LaunchArgumentError
-
-    if start_hosts_with not in ("ssh", "mpirun"):
-        raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default) or 'mpirun'")
-    if mpirun_options is not None and (start_hosts_with != "mpirun" or isinstance(mpirun_options, str) or
-                                       not all(isinstance(option, str) for option in mpirun_options)):
-        raise LaunchArgumentError(f"mpirun_options must be a list of mpirun arguments, with "
-                                  f"start_hosts_with='mpirun' (got {mpirun_options!r})")
-
-    if hosts is not None and hostfile is not None:
-        raise LaunchArgumentError("give hosts=[...] or hostfile=..., not both")
-    if hostfile is not None:
-        if not os.path.isfile(str(hostfile)):
-            raise LaunchArgumentError(f"hostfile={hostfile!r} is not a file: give a file with one host per line")
-        from .doctor import read_hostfile  # the doctor reads MPI hostfiles the same way
-
-        hosts = read_hostfile(str(hostfile))
-        if not hosts:
-            raise LaunchArgumentError(f"hostfile={hostfile!r} lists no host: one host name or address per line")
-    if ssh_options is not None and start_hosts_with == "mpirun":
-        raise LaunchArgumentError("ssh_options is for start_hosts_with='ssh'; with mpirun, give its own options in "
-                                  "mpirun_options (e.g. ['--mca', 'plm_rsh_agent', 'ssh -p 2222'] for Open MPI)")
-    if hosts is None:
-        if ssh_options is not None:
-            raise LaunchArgumentError("ssh_options is only used with hosts=[...] or hostfile=...")
-        return []
-    if isinstance(hosts, str) or not all(isinstance(host, str) and host.strip() for host in hosts) or not hosts:
-        raise LaunchArgumentError(f"hosts must be a list of host names or addresses, got {hosts!r}")
-    hosts = [host.strip() for host in hosts]
-    if len(set(hosts)) != len(hosts):
-        raise LaunchArgumentError(f"hosts lists a host twice ({hosts}): one entry per host, each runs "
-                                  f"num_processes ranks")
-    if num_nodes not in (1, len(hosts)) or node_rank != 0:
-        raise LaunchArgumentError(f"with hosts=[...] every host is a node, numbered in the order given: leave "
-                                  f"num_nodes and node_rank out (got num_nodes={num_nodes}, node_rank={node_rank})")
-    if ssh_options is not None and (isinstance(ssh_options, str) or
-                                    not all(isinstance(option, str) for option in ssh_options)):
-        raise LaunchArgumentError(f"ssh_options must be a list of ssh arguments such as ['-p', '2222', '-i', "
-                                  f"'~/.ssh/id_ed25519'], got {ssh_options!r}")
-    return hosts

@@ -15,16 +15,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-OK, WARNING, PROBLEM = "ok", "warning", "problem"
-_SSH_TIMEOUT_S = 5
-
-
-@dataclass
-class Check:
-    name: str
-    verdict: str
-    found: str
-    fix: str = ""
+from .plan import LaunchArgumentError
+from .remote import (OK, PROBLEM, WARNING, Check, check_ssh, mpi_implementation, mpi_sanity_run,  # noqa: F401
+                     read_hostfile)  # the SSH and MPI checks live with the helpers a launch across hosts uses
 
 
 @dataclass
@@ -68,9 +61,13 @@ def doctor(num_processes: int | None = None, port: int = 29500, hostfile: str | 
     report.checks.append(check_open_files())
     report.checks.append(check_mpi())
     if hostfile:
-        hosts = read_hostfile(hostfile)
-        report.checks += [check_ssh(host, ssh_options) for host in hosts]
-        report.checks.append(mpi_sanity_run(hostfile, len(hosts)))
+        try:
+            hosts = read_hostfile(hostfile)
+        except LaunchArgumentError as exc:  # nothing is run with a host that is not one
+            report.checks.append(Check("hostfile", PROBLEM, str(exc), "fix that line of the hostfile"))
+        else:
+            report.checks += [check_ssh(host, ssh_options) for host in hosts]
+            report.checks.append(mpi_sanity_run(hostfile, len(hosts)))
     report.checks.append(check_reproducibility())
     return report
 
@@ -168,83 +165,11 @@ def check_open_files() -> Check:
     return Check("open files", OK, f"limit {soft}")
 
 
-def mpi_implementation() -> tuple[str | None, str]:
-    """(path of mpirun or mpiexec, "Open MPI" | "MPICH" | "Intel MPI" | "unknown")."""
-    path = shutil.which("mpirun") or shutil.which("mpiexec")
-    if not path:
-        return None, ""
-    try:
-        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return path, "unknown"
-    for marker, name in (("Open MPI", "Open MPI"), ("OpenRTE", "Open MPI"), ("HYDRA", "MPICH"),
-                         ("MPICH", "MPICH"), ("Intel", "Intel MPI")):
-        if marker in text:
-            return path, name
-    return path, "unknown"
-
-
 def check_mpi() -> Check:
     path, name = mpi_implementation()
     if not path:
         return Check("MPI", OK, "not installed (only needed to run ranks over MPI on several CPU machines)")
     return Check("MPI", OK, f"{name} at {path}")
-
-
-def read_hostfile(path: str) -> list[str]:
-    """One host per line; an MPI hostfile works (``host slots=4``, ``host:4``); # starts a comment."""
-    hosts = []
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            line = line.split("#", 1)[0].strip()
-            if line:
-                hosts.append(line.split()[0].split(":")[0])
-    return hosts
-
-
-def check_ssh(host: str, ssh_options=()) -> Check:
-    """SSH to ``host`` without a password (BatchMode: never prompt)."""
-    command = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={_SSH_TIMEOUT_S}", "-o",
-               "StrictHostKeyChecking=accept-new", *ssh_options, host, "true"]
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=_SSH_TIMEOUT_S + 5)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check(f"ssh {host}", PROBLEM, f"no answer ({type(exc).__name__})", _SSH_FIX)
-    if completed.returncode == 0:
-        return Check(f"ssh {host}", OK, "reachable without a password")
-    reason = (completed.stderr.strip().splitlines() or [f"exit code {completed.returncode}"])[-1]
-    return Check(f"ssh {host}", PROBLEM, reason, _SSH_FIX)
-
-
-_SSH_FIX = ("make it reachable by key: `ssh-keygen` then `ssh-copy-id HOST`, and check the host name, the port "
-            "and the firewall")
-
-
-def mpi_sanity_run(hostfile: str, processes: int) -> Check:
-    """The guide's sanity run: one process per host printing its host name, with the flags of the
-    implementation found (Open MPI: --hostfile/-np/--map-by ppr:1:node; MPICH: -f/-n/-ppn 1)."""
-    path, name = mpi_implementation()
-    if not path:
-        return Check("mpirun sanity run", PROBLEM, "no mpirun/mpiexec found",
-                     "install Open MPI or MPICH (Debian: apt-get install openmpi-bin)")
-    if name == "Open MPI":
-        command = [path, "--hostfile", hostfile, "-np", str(processes), "--map-by", "ppr:1:node"]
-        if os.geteuid() == 0:
-            command.append("--allow-run-as-root")
-        command.append("hostname")
-    else:
-        command = [path, "-f", hostfile, "-n", str(processes), "-ppn", "1", "hostname"]
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("mpirun sanity run", PROBLEM, f"{' '.join(command)}: {type(exc).__name__}",
-                     "run it by hand to see where it stops")
-    names = [line.strip() for line in completed.stdout.splitlines() if line.strip()]
-    if completed.returncode != 0:
-        error = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("mpirun sanity run", PROBLEM, f"`{' '.join(command)}` failed: {error}",
-                     "check the hostfile, SSH to each host, and the same MPI on every host")
-    return Check("mpirun sanity run", OK, f"{name}: {len(names)} host name(s) printed: {', '.join(names)}")
 
 
 def check_reproducibility() -> Check:
@@ -333,7 +258,7 @@ def env_report() -> str:
     relevant = sorted(key for key in os.environ if key.startswith(("ACCELERATE_", "NCCL_", "CUDA_", "OMP_",
                                                                   "MASTER_", "TORCH_", "NOTEBOOK_LAUNCHER_")))
     lines.append("Environment: " + (", ".join(f"{key}={os.environ[key]}" for key in relevant) or "nothing relevant"))
-    from .plan import accelerate_default_config_file
+    from .accelerate_config import accelerate_default_config_file
 
     config = os.environ.get("ACCELERATE_CONFIG_FILE") or accelerate_default_config_file()
     lines.append(f"Accelerate config: {config if os.path.isfile(config) else 'none'}")

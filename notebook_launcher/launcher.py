@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Sequence
 
-from .cluster import resolve_hosts
 from .display import Display, is_display
 from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .launchers import HostSettings, launch
 from .plan import make_plan
+from .remote import resolve_hosts
 
 
 def notebook_launcher(
@@ -122,6 +122,6 @@ def notebook_launcher(
         max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, start_method=start_method, device=device,
         backend=backend, timeout=timeout, debug=debug, config_file=config_file, memory_limit=memory_limit,
-        results=results)
+        results=results, in_workers=bool(hosts))
     settings = HostSettings(hosts, ssh_options, start_hosts_with, mpirun_options) if hosts else None
     return launch(plan, display, settings)

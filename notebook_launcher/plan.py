@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from .errors import LaunchArgumentError
-from .events import TRUE_VALUES
+from .accelerate_config import resolve_debug
 from .results import RESULT_CHOICES
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
@@ -62,11 +62,12 @@ class LaunchPlan:
     batch_sizes: dict | None = None  # find_executable_batch_size sizes agreed after an out-of-memory restart
     debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
     results: str = "auto"  # which ranks' return values come back (see results.py)
+    in_workers: bool = False  # even one rank in a worker (a launch across hosts: its events carry the result)
 
     @property
     def runs_in_kernel(self) -> bool:
         """One process on one node: the function runs in the kernel itself."""
-        return self.num_processes == 1 and self.num_nodes == 1
+        return self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers
 
     @property
     def spawns_workers(self) -> bool:
@@ -116,7 +117,7 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
               master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
               rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
               start_method="auto", device="auto", backend="auto", timeout=None, debug=None, config_file=None,
-              memory_limit=None, results="auto") -> LaunchPlan:
+              memory_limit=None, results="auto", in_workers=False) -> LaunchPlan:
     """Check every argument (the keywords of ``notebook_launcher``) and decide device, backend and start method.
 
     No I/O beyond looking: the port is reserved and the payload pickled by the launch itself."""
@@ -190,7 +191,7 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
-        debug=debug, memory_limit=memory_limit, results=results,
+        debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers,
     )
 
 
@@ -216,40 +217,6 @@ def parse_memory_limit(value) -> int:
     if amount < 64 * 2**20:
         raise LaunchArgumentError(f"memory_limit={value!r} is below 64 MB: a worker with torch loaded needs more")
     return amount
-
-
-def accelerate_default_config_file() -> str:
-    """Where ``accelerate config`` writes its default file."""
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
-    return os.path.join(hf_home, "accelerate", "default_config.yaml")
-
-
-def resolve_debug(debug, config_file) -> bool | None:
-    """debug=True/False decides; else ACCELERATE_DEBUG_MODE in the kernel; else ``debug:`` in the config file
-    (``config_file``, else ACCELERATE_CONFIG_FILE, else Accelerate's default file when it exists); else None."""
-    if debug is not None:
-        if not isinstance(debug, bool):
-            raise TypeError(f"debug must be True, False or None, got {type(debug).__name__}: {debug!r}")
-        return debug
-    if config_file is not None and not os.path.isfile(config_file):
-        raise LaunchArgumentError(f"config_file={config_file!r} does not exist; give the path of an Accelerate "
-                                  "config YAML (as written by `accelerate config`) or leave it out")
-    environment = os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower()
-    if environment:
-        return environment in TRUE_VALUES
-    path = config_file or os.environ.get("ACCELERATE_CONFIG_FILE") or accelerate_default_config_file()
-    if not os.path.isfile(path):
-        return None
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as config:
-            settings = yaml.safe_load(config) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise LaunchArgumentError(f"the Accelerate config file {path} cannot be read: {exc}") from exc
-    value = settings.get("debug") if isinstance(settings, dict) else None
-    return None if value is None else str(value).strip().lower() in TRUE_VALUES
 
 
 def _choice(name: str, value, choices) -> str:

@@ -103,6 +103,27 @@ def test_the_panel_shows_remote_ranks_with_their_host(local_sshd, tmp_path):
     assert state["ranks"][1]["lines"][-1]["text"].startswith("rank 1 of 2 on ")
 
 
+def sum_of_ones():
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    parent = " ".join(psutil.Process(os.getppid()).cmdline())
+    return dist.get_rank(), dist.get_world_size(), total.item(), "notebook_launcher.agent" in parent
+
+
+def test_one_process_per_host_runs_in_a_worker_whose_result_comes_back(local_sshd):
+    for hosts, world_size in ((HOSTS, 2), (HOSTS[:1], 1)):
+        result = notebook_launcher(sum_of_ones, num_processes=1, hosts=hosts, ssh_options=local_sshd, device="cpu",
+                                   timeout=120, display="text")
+        assert result == (0, world_size, float(world_size), True)  # a worker forked by the host's agent
+        run = last_run()
+        assert run.status == "finished" and run.results[0] == result and sorted(run.exit_codes) == list(
+            range(world_size))
+
+
 def test_a_rank_killed_on_one_host_ends_the_run_on_every_host(local_sshd, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -308,24 +329,3 @@ def test_with_mpirun_a_killed_rank_ends_the_run_on_every_host(local_sshd, tmp_pa
                           mpirun_options=_mpirun_through(local_sshd))
     assert caught.value.rank == 3 and "SIGKILL" in caught.value.failure.type
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
-
-
-def test_an_agent_that_cannot_prove_it_belongs_to_the_run_is_refused():
-    import hmac
-    import socket
-
-    from notebook_launcher.cluster import Cluster
-    from notebook_launcher.plan import make_plan
-
-    plan = make_plan(function=everyone, args=("/x",), num_processes=1, num_nodes=2, device="cpu")
-    cluster = Cluster(plan, HOSTS, None, b"", lambda event: None, lambda text: None, start_with="mpirun")
-    cluster._listener = socket.create_server(("127.0.0.1", 0))
-    port = cluster._listener.getsockname()[1]
-    for proof in ("0 " + "0" * 64, "1 " + hmac.new(node_key(b"another run", 1), b"hello", "sha256").hexdigest()):
-        with socket.create_connection(("127.0.0.1", port)) as intruder:
-            intruder.sendall(proof.encode() + b"\n")
-            cluster._listener.setblocking(True)
-            cluster._accept()
-            assert intruder.recv(100) == b""  # closed without a byte of the run's settings or function
-    assert not any(node.connected for node in cluster.nodes)
-    cluster._listener.close()
