@@ -23,7 +23,7 @@ import pytest
 
 from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.backchannel import Session
-from notebook_launcher.events import AGENT_ENV_VAR, node_key
+from notebook_launcher.agent_channel import AGENT_ENV_VAR, node_key
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CHALLENGE = b"NOTEBOOK-LAUNCHER-KERNEL/1 "

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from notebook_launcher import LaunchArgumentError, RankFailedError, last_run, notebook_launcher
-from notebook_launcher.cluster import HostFailedError
+from notebook_launcher import HostFailedError
 from notebook_launcher.agent_channel import AGENT_MAGIC, SignedFrameReader, UnverifiedStream, node_key, sign_frame
 from notebook_launcher.events import STATUS, encode_frame
 
@@ -292,7 +292,17 @@ def test_max_restarts_restarts_every_host(local_sshd, tmp_path):
     run = last_run()
     assert run.attempts == 2 and sorted(run.exit_codes) == [0, 1, 2, 3]
     assert any("restarting every host (1 of max_restarts=1)" in event.data.get("text", "")
-               for event in run.events if event.kind == "launcher")
+               for event in run.events if event.kind == "restart")
+
+
+def test_a_restart_across_hosts_shows_attempt_2_in_the_panel(local_sshd, tmp_path):
+    marker = str(tmp_path / "failed-once")
+    notebook_launcher(fails_once, args=(marker,), num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
+                      device="cpu", timeout=120, max_restarts=1, display="panel")
+    state = last_run().panel_state
+    assert state["attempt"] == 2 and state["status"] == "finished"
+    assert any("restarting every host (1 of max_restarts=1)" in note for note in state["notes"])
+    assert not _agents()
 
 
 def _mpirun_through(local_sshd) -> list[str]:
