@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import LaunchTimeoutError, RankFailedError
 from ..failure import failure_message, hang_message
 from ..ports import reserve_port
+from ..results import prepare as prepare_results
 from ..rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from ..runs import Run
 from ..supervisor import Supervisor, SupervisorOutcome
@@ -26,8 +27,10 @@ class LocalLauncher:
         self.payload = payload  # (function, args) pickled, for spawned workers; b"" under fork
 
     def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
-        if plan.start_method == "fork":
-            import torch.distributed  # noqa: F401 (imported once here, not in every forked worker: ~1 s each)
+        if plan.start_method == "fork":  # imported once here, not in every forked worker
+            import torch.distributed  # noqa: F401 (~1 s each)
+
+            prepare_results()
         payload_path = self._write_payload(attempts.log) if self.payload else ""
         meeting_point = None
         if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
