@@ -5,7 +5,7 @@ agent per host, each connecting back to the kernel with ``--connect``: then that
 and stdout carry over SSH, once both ends have proven they hold the run's key, and each message from the kernel
 is checked before it is read: ``backchannel``). The agent runs that host's ranks with the ordinary launcher
 (fork, supervision, teardown, hang diagnosis) and sends every event back on its stdout, which is the SSH
-channel, each frame signed (``events.sign_frame``).
+channel, each frame signed (``agent_channel.sign_frame``).
 
 stdin carries: one JSON line (this node's settings and, over SSH, the run's secret), the pickled function and
 arguments (``payload_bytes`` of them), then control lines: ``{"master_addr": a, "master_port": p}`` for nodes

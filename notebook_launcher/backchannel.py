@@ -29,6 +29,7 @@ import struct
 import time
 
 from .agent_channel import node_key
+from .remote import without_user
 
 HANDSHAKE_S = 2.0  # an agent answers the challenge at once; a stranger is closed after this
 HELLO_MAX = 256  # the agent's answer is ~150 bytes; a connection that says more is not an agent
@@ -44,19 +45,20 @@ class ChannelRefused(Exception):
 
 def listen_address(hosts: list[str]) -> str:
     """The address the hosts reach this kernel on: the interface that routes to the first host not reached on
-    loopback (when every host is on loopback, the loopback address that node 0 is reached on)."""
+    loopback (when every host is on loopback, the loopback address that node 0 is reached on); this machine's name
+    when no host resolves here."""
     from .rendezvous import advertised_address
 
     first = None
     for host in hosts:
-        name = host.rpartition("@")[2]
+        name = without_user(host)
         address = advertised_address(f"[{name}]:1" if ":" in name else f"{name}:1")
         if _is_address(address) and not ipaddress.ip_address(address.split("%")[0]).is_loopback:
             return address
         first = first or address
     if _is_address(first):
         return first
-    return socket.getaddrinfo(first, None, type=socket.SOCK_STREAM)[0][4][0]  # a name: the address it has here
+    return first  # this machine's name (no host resolves here, e.g. SSH aliases): BackChannel binds every interface
 
 
 def _is_address(text: str) -> bool:
@@ -132,7 +134,10 @@ class BackChannel:
         self._pending: dict[socket.socket, _Pending] = {}
         self._proven: set[int] = set()
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self.listener = socket.create_server((address, 0), family=family, backlog=64)
+        # an address: only that interface; a name (no route to any host was found here): every interface, the
+        # agents being told the name (the handshake, not the address, keeps strangers out)
+        self.listener = socket.create_server((address if _is_address(address) else "", 0), family=family,
+                                             backlog=64)
         self.listener.setblocking(False)
         selector.register(self.listener, selectors.EVENT_READ, (None, "accept"))
         self.address, self.port = address, self.listener.getsockname()[1]

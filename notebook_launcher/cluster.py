@@ -74,6 +74,7 @@ class RemoteNode:
         self.done_code: int | None = None
         self.error: dict | None = None  # a node_error the agent sent
         self.broken: str | None = None  # why its stream was refused
+        self.dropped = False  # its channel ended before its agent said it was done
         self.open_pipes = 0
         self.seq: dict[int, int] = {}
 
@@ -363,6 +364,7 @@ class Cluster:
     def _host_gone(self, node: RemoteNode) -> None:
         """A host's channel closed. Normal after it said it was done; otherwise the host dropped out."""
         if node.done_code is None and self.stop_reason is None:
+            node.dropped = True
             self.note(f"{node.host}: the connection ended before its ranks finished")
             self.stop("failure")
 
@@ -413,6 +415,10 @@ class Cluster:
                         f"{verdict}.\nFix: {SSH_FIX} (`notebook_launcher.doctor()` runs the same SSH check); and "
                         f"check that {self.python} exists there with "
                         f"notebook_launcher installed.")
+        for node in self.nodes:
+            if node.dropped:  # its channel ended early, though its ssh had not failed (yet): we stopped it
+                return (f"host {node.host} (node {node.node_rank}): the connection ended before its ranks finished "
+                        f"(its agent or the network went away); every host was stopped")
         return None
 
     def _mpirun_problem(self, node: RemoteNode, code: int) -> str:

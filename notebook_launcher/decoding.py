@@ -23,14 +23,17 @@ class FrameDecoder:
     """Kernel side: turns bytes read from an event pipe into (header, attachment) pairs.
 
     Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
-    ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises. A header is checked as soon
-    as it is complete, before its attachment arrives; an attachment is read into the buffers that ``sinks``
-    gives for it (by default one bytearray), so a large result is copied once, not grown and copied again.
+    ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises.
+    A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
+    buffers that ``sinks`` gives for it (by default one bytearray), so a large result is copied once, not grown
+    and copied again. ``refused_kinds``: kinds that only the kernel makes (a rank's pipe may not carry them).
     """
 
-    def __init__(self, sinks=None):
+    def __init__(self, sinks=None, refused_kinds=()):
         self._buffer = bytearray()
+        self._at = 0  # where the next frame starts in _buffer (the consumed part is dropped once per feed)
         self._sinks = sinks or _one_bytearray
+        self._refused = frozenset(refused_kinds)
         self._header: dict | None = None  # a checked header whose attachment is still arriving
         self._parts: list = []  # writable memoryviews the attachment fills, in order
         self._filling = 0  # index into _parts
@@ -43,56 +46,65 @@ class FrameDecoder:
         if self.broken:
             return []
         frames = []
-        view = memoryview(chunk)
         try:
-            while True:
-                if self._header is not None:
-                    view = self._fill(view)
+            view = memoryview(chunk)
+            if self._header is not None:  # an attachment still arriving: straight from the chunk into its buffers
+                view = self._fill(view)
+                if self._pending:
+                    return frames
+                frames.append(self._take())
+            self._buffer += view
+            while self._next_header():
+                if self._pending:
+                    self._fill_from_buffer()
                     if self._pending:
                         break
-                    frames.append((self._header, self._attachment))
-                    self._header, self._attachment, self._parts = None, None, []
-                    continue
-                if view.nbytes:
-                    self._buffer += view
-                    view = view[view.nbytes:]
-                if not self._next_header():
-                    break
+                frames.append(self._take())
         except CorruptFrame as exc:
             self.broken = str(exc)
             self.discard()
+        finally:
+            del self._buffer[:self._at]
+            self._at = 0
         return frames
 
     def _next_header(self) -> bool:
         """Take one header off the buffer once it is complete; False while it is not."""
-        if len(self._buffer) < FRAME_HEADER.size:
+        at = self._at
+        if len(self._buffer) - at < FRAME_HEADER.size:
             return False
-        header_len, attachment_len = FRAME_HEADER.unpack_from(self._buffer)
+        header_len, attachment_len = FRAME_HEADER.unpack_from(self._buffer, at)
         if not 0 < header_len <= MAX_HEADER_BYTES:
             raise CorruptFrame(f"a frame header of {header_len} bytes")
-        end = FRAME_HEADER.size + header_len
+        end = at + FRAME_HEADER.size + header_len
         if len(self._buffer) < end:
             return False
         try:
-            header = marshal.loads(bytes(self._buffer[FRAME_HEADER.size:end]))
+            header = marshal.loads(memoryview(self._buffer)[at + FRAME_HEADER.size:end])
         except (ValueError, EOFError, TypeError) as exc:
             raise CorruptFrame(f"an undecodable frame header ({exc})") from None
-        check_header(header, attachment_len)
-        rest = self._buffer[end:]
-        self._buffer.clear()
-        self._header, self._pending = header, attachment_len
-        try:
-            self._attachment, self._parts = self._sinks(header, attachment_len) if attachment_len else (b"", [])
-        except (MemoryError, RuntimeError, OverflowError) as exc:
-            raise CorruptFrame(f"no room for an attachment of {attachment_len} bytes ({exc})") from None
+        check_header(header, attachment_len, self._refused)
+        attachment, parts = b"", []
+        if attachment_len:
+            try:
+                attachment, parts = self._sinks(header, attachment_len)
+            except Exception as exc:  # noqa: BLE001 - whatever the header made the sinks refuse
+                raise CorruptFrame(f"no room for an attachment of {attachment_len} bytes ({exc})") from None
+            if sum(part.nbytes for part in parts) != attachment_len:
+                raise CorruptFrame(f"an attachment of {attachment_len} bytes that does not match its header")
+        self._at = end
+        self._header, self._attachment, self._parts, self._pending = header, attachment, parts, attachment_len
         self._filling = self._filled = 0
-        if sum(part.nbytes for part in self._parts) != attachment_len:
-            raise CorruptFrame(f"an attachment of {attachment_len} bytes that does not match its header")
-        self._fill(memoryview(rest))  # what came with the header (the buffer is empty from here on)
         return True
 
+    def _fill_from_buffer(self) -> None:
+        with memoryview(self._buffer) as whole:
+            rest = self._fill(whole[self._at:])
+            self._at = len(self._buffer) - rest.nbytes
+            rest.release()
+
     def _fill(self, view: memoryview) -> memoryview:
-        """Copy bytes of the current attachment from ``view``; what is left of ``view`` goes to the buffer."""
+        """Copy bytes of the current attachment from ``view``; returns what is left of ``view``."""
         while self._pending and view.nbytes:
             part = self._parts[self._filling]
             take = min(part.nbytes - self._filled, view.nbytes)
@@ -102,19 +114,22 @@ class FrameDecoder:
             self._pending -= take
             if self._filled == part.nbytes:
                 self._filling, self._filled = self._filling + 1, 0
-        if not self._pending and view.nbytes and self._header is not None:
-            self._buffer += view  # the next frames (the caller's loop takes them)
-            view = view[view.nbytes:]
         return view
+
+    def _take(self) -> tuple[dict, object]:
+        frame = (self._header, self._attachment)
+        self._header, self._attachment, self._parts = None, None, []
+        return frame
 
     def discard(self) -> None:
         self._buffer.clear()
+        self._at = 0
         self._header, self._attachment, self._parts, self._pending = None, None, [], 0
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame (non-zero at EOF means the writer died mid-frame)."""
-        return len(self._buffer) + (self._pending if self._header is not None else 0)
+        return len(self._buffer) - self._at + (self._pending if self._header is not None else 0)
 
 
 def _one_bytearray(header: dict, length: int):
@@ -125,21 +140,37 @@ def _one_bytearray(header: dict, length: int):
 _HEADER_TYPES = {"rank": int, "seq": int, "kind": str, "data": dict}
 
 
-def check_header(header, attachment_len: int) -> None:
+def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None:
     """What the kernel relies on in a header: a dict with an int rank and seq, a number time, a str kind, a
-    dict of data; and an attachment only where the schema has one (a result, of the size it says)."""
-    if not isinstance(header, dict):
+    dict of data; an attachment only where the schema has one (a result, of the size it says); no kind that only
+    the kernel makes."""
+    if type(header) is not dict:  # (marshal makes exact types: a bool is never an int here)
         raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")
-    for key, expected in _HEADER_TYPES.items():
-        if not isinstance(header.get(key), expected) or isinstance(header.get(key), bool):
-            raise CorruptFrame(f"a frame header whose {key!r} is {type(header.get(key)).__name__}")
-    if not isinstance(header.get("time"), (int, float)):
-        raise CorruptFrame(f"a frame header whose 'time' is {type(header.get('time')).__name__}")
+    get = header.get
+    if type(get("rank")) is not int or type(get("seq")) is not int or type(get("kind")) is not str or \
+            type(get("data")) is not dict or type(get("time")) not in (float, int):
+        for key, expected in (*_HEADER_TYPES.items(), ("time", float)):
+            if type(get(key)) is not expected and not (key == "time" and type(get(key)) is int):
+                raise CorruptFrame(f"a frame header whose {key!r} is {type(get(key)).__name__}")
+    if header["kind"] in refused_kinds:
+        raise CorruptFrame(f"a {header['kind']!r} event, which only the kernel makes")
     if attachment_len and header["kind"] != RESULT:
         raise CorruptFrame(f"an attachment of {attachment_len} bytes on a {header['kind']!r} event")
-    if header["kind"] == RESULT and header["data"].get("attachment_bytes", attachment_len) != attachment_len:
+    if header["kind"] == RESULT:
+        _check_result_layout(header["data"], attachment_len)
+
+
+def _check_result_layout(data: dict, attachment_len: int) -> None:
+    """A result's attachment is what its data says: the pickle, then the storages (results.py), to the byte."""
+    if data.get("attachment_bytes", attachment_len) != attachment_len:
         raise CorruptFrame(f"a result whose attachment is {attachment_len} bytes, not the "
-                           f"{header['data'].get('attachment_bytes')} it says")
+                           f"{data.get('attachment_bytes')} it says")
+    if "storages" not in data and "pickle_bytes" not in data:
+        return  # one pickle (an older agent's result)
+    sizes, pickled = data.get("storages"), data.get("pickle_bytes")
+    if not (type(sizes) is list and type(pickled) is int and pickled >= 0
+            and all(type(size) is int and size > 0 for size in sizes) and pickled + sum(sizes) == attachment_len):
+        raise CorruptFrame("a result whose pickle and storage sizes do not add up to its attachment")
 
 
 class LineSplitter:

@@ -12,7 +12,7 @@ import time
 from typing import Iterator
 
 from .decoding import FrameDecoder, LineSplitter, event_from_frame
-from .events import CORRUPT_EVENT_STREAM, FAILURE, OUTPUT, STREAM, TRUNCATED_EVENT, Event
+from .events import CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, OUTPUT, STREAM, TRUNCATED_EVENT, Event
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
@@ -31,7 +31,7 @@ class RankDemux:
     def __init__(self, rank: int, sinks=result_sinks):
         self.rank = rank
         self.seq = 0
-        self._decoder = FrameDecoder(sinks)
+        self._decoder = FrameDecoder(sinks, refused_kinds=KERNEL_ONLY_KINDS)
         self._broken_reported = False
         self._fd_lines: dict[str, LineSplitter] = {stream: LineSplitter() for stream in STREAMS}
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
@@ -68,7 +68,7 @@ class RankDemux:
         header["rank"] = self.rank  # the pipe says who wrote it
         if header.get("kind") == OUTPUT:  # Python-level text: cut into lines here, passed on as stream events
             data = header.get("data") or {}
-            stream = data.get("stream", "stdout")
+            stream = "stderr" if data.get("stream") == "stderr" else "stdout"
             splitter = self._python_lines.setdefault(stream, LineSplitter())
             for line in splitter.feed(str(data.get("text", "")).encode("utf-8", "backslashreplace")):
                 yield self.event(STREAM, {"stream": stream, "text": line})

@@ -1,4 +1,5 @@
-"""Every error the launcher raises, under one base: ``except NotebookLauncherError`` catches any of them.
+"""The launcher's own errors, under one base: ``except NotebookLauncherError`` catches any of them (an argument
+of the wrong type is a plain ``TypeError``, an unwritable run log folder an ``OSError``, as Python would say).
 
 Each also subclasses the built-in a user would expect (a bad argument is a ``ValueError``, a timeout a
 ``TimeoutError``), so existing ``except`` clauses keep working. The messages are written where the error is

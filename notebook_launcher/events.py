@@ -22,7 +22,9 @@ Kinds of events
              ``"redraw": True`` it is the newest state of a line still being redrawn with ``\r`` (a tqdm bar)
 ``output``   data: ``{"stream", "text"}``: a piece of text the worker's Python code wrote to sys.stdout/stderr
              (on the event channel, so it keeps its order with log records; the kernel cuts it into lines)
-``result``   data: ``{"type": <type name>, "bytes": <size>}``; attachment: the pickled return value
+``result``   data: ``{"type": <type name>, "bytes": <size>, "attachment_bytes", "pickle_bytes", "storages": [sizes]}``;
+             attachment: the pickle, then the raw bytes of each tensor storage (``results.py``); or, for a value
+             not sent, ``{"type", "kept": False, "reason"}`` and no attachment
 ``failure``  data: ``{"type", "module", "message", "traceback", "exit_code"}``: the exception that ended the
              worker (the kernel also makes ``TruncatedEvent`` and ``CorruptEventStream`` failures)
 ``exit``     data: ``{"exit_code", "signal", "signal_name", "stopped_by_launcher"}`` (made by the kernel when it
@@ -53,6 +55,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 SCHEMA_VERSION = 1
 TRUE_VALUES = ("1", "true", "yes", "on", "y", "t")  # how Accelerate reads a flag such as ACCELERATE_DEBUG_MODE
@@ -78,6 +81,8 @@ CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes
 AGENT_EVENT = "agent"  # data {"master_port": p} from node 0's agent, {"done": exit_code} at its end
 NOTE_EVENT = "note"  # data {"text"}: a line of an agent's own launcher
 NODE_ERROR_EVENT = "node_error"  # data {"type", "message", "traceback"}: the launch on that host ended so
+# never on a rank's own event pipe: the kernel (or an agent) makes these
+KERNEL_ONLY_KINDS = (STREAM, EXIT, LAUNCHER, OOM_RETRY, RESTART, AGENT_EVENT, NOTE_EVENT, NODE_ERROR_EVENT)
 
 
 @dataclass
@@ -89,7 +94,7 @@ class Event:
     time: float
     kind: str
     data: dict = field(default_factory=dict)
-    attachment: bytes = b""
+    attachment: Any = b""  # bytes, or the buffers a result was read into (results.ResultParts)
 
     def to_json(self) -> dict:
         """The event as written to the run log (attachments are summarised by their size)."""

@@ -13,7 +13,7 @@ from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .launchers import HostSettings, launch
 from .plan import make_plan
-from .remote import resolve_hosts
+from .remote import resolve_hosts, without_user
 
 
 def notebook_launcher(
@@ -114,7 +114,7 @@ def notebook_launcher(
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
     hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with, mpirun_options)
     if hosts:
-        num_nodes, master_addr = len(hosts), hosts[0].rpartition("@")[2]
+        num_nodes, master_addr = len(hosts), without_user(hosts[0])
     plan = make_plan(
         function=function, args=args, num_processes=num_processes, mixed_precision=mixed_precision,
         use_port=use_port, master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,

@@ -165,7 +165,8 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
         requested_port = _port(use_port)
     if not isinstance(master_addr, str) or not master_addr:
         raise LaunchArgumentError(f"master_addr must be a host name or address string, got {master_addr!r}")
-    _check_resolves(master_addr, "rdzv_endpoint" if rdzv_endpoint else "master_addr")
+    if not in_workers:  # (across hosts= the agents find node 0's address; an SSH alias need not resolve here)
+        _check_resolves(master_addr, "rdzv_endpoint" if rdzv_endpoint else "master_addr")
 
     if device == "auto":
         device = detect_device()

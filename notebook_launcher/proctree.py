@@ -49,10 +49,25 @@ def descendants(pids) -> dict[int, int]:
     if not pids:
         return {}
     table = _table()
+    return _below(pids, table, _children(table))
+
+
+def descendants_of_each(pids) -> dict[int, dict[int, int]]:
+    """``descendants`` of each pid apart, from one look at /proc."""
+    table = _table() if pids else {}
+    children = _children(table)
+    return {pid: _below([pid], table, children) for pid in pids}
+
+
+def _children(table: dict) -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
         children.setdefault(parent, []).append(pid)
-    found, todo = {}, pids
+    return children
+
+
+def _below(pids: list[int], table: dict, children: dict) -> dict[int, int]:
+    found, todo = {}, list(pids)
     while todo:
         for child in children.get(todo.pop(), []):
             found[child] = table[child][1]

@@ -30,6 +30,7 @@ _SSH_TIMEOUT_S = 5
 _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?\.?")  # labels: letters, digits, _ - .
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a tab may separate a host from slots=N
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # the zone of a link-local IPv6 address (fe80::1%eth0)
 
 
 @dataclass
@@ -54,8 +55,11 @@ def host_problem(host: str) -> str | None:
         if ":" not in name:
             return "only an IPv6 address goes in [brackets]"
     if ":" in name:
+        address, percent, scope = name.partition("%")
+        if percent and not _SCOPE.fullmatch(scope):
+            return f"{scope!r} is not an IPv6 zone (an interface name: letters, digits and _ . - only)"
         try:
-            ipaddress.IPv6Address(name)
+            ipaddress.IPv6Address(address)
         except ValueError:
             return f"{name!r} is not an IPv6 address (a port goes in ssh_options, e.g. ['-p', '2222'])"
         return None
@@ -64,6 +68,11 @@ def host_problem(host: str) -> str | None:
     if not _NAME.fullmatch(name) or ".." in name:
         return "a host name has only letters, digits and _ . - (no spaces, quotes or other signs)"
     return None
+
+
+def without_user(host: str) -> str:
+    """The host of ``user@host`` (what to resolve or route to)."""
+    return host.rpartition("@")[2]
 
 
 def normalize_host(host: str) -> str:

@@ -113,17 +113,15 @@ def _bytes_of(storage) -> memoryview:
 # -- kernel side --------------------------------------------------------------------------------------------------
 def result_sinks(header: dict, length: int):
     """For ``FrameDecoder``: where a result's attachment is read to; the storages are allocated here, once."""
+    _check_room(length)
     data = header["data"]
-    sizes = data.get("storages") if header["kind"] == "result" else None
-    if not sizes or not isinstance(sizes, list) or not isinstance(data.get("pickle_bytes"), int):
-        buffer = bytearray(length)
+    sizes, pickled = data.get("storages"), data.get("pickle_bytes")  # (checked by the decoder: they add up)
+    if not sizes:
+        buffer = bytearray(length)  # one pickle, no storage beside it
         return buffer, [memoryview(buffer)]
     import torch
 
-    if not all(isinstance(size, int) and size > 0 for size in sizes) or data["pickle_bytes"] + sum(sizes) != length:
-        buffer = bytearray(length)  # the unpickling below says what is wrong with it
-        return buffer, [memoryview(buffer)]
-    pickled = bytearray(data["pickle_bytes"])
+    pickled = bytearray(pickled)
     storages = [torch.UntypedStorage(size) for size in sizes]
     return ResultParts(pickled, storages), [memoryview(pickled)] + [_bytes_of(storage) for storage in storages]
 
@@ -145,6 +143,20 @@ def unpack_result(data: dict, attachment):
         storages.append(torch.frombuffer(view, dtype=torch.uint8, offset=offset, count=size).untyped_storage())
         offset += size
     return _StorageUnpickler(io.BytesIO(view[:data["pickle_bytes"]]), storages).load()
+
+
+def _check_room(length: int) -> None:
+    """A result larger than the memory this machine has free is refused before anything is allocated (a frame
+    of a few bytes can announce gigabytes)."""
+    if length < 2**30:
+        return
+    try:
+        with open("/proc/meminfo") as meminfo:
+            available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    if length > available:
+        raise MemoryError(f"a result of {length / 2**30:.1f} GiB, with {available / 2**30:.1f} GiB free here")
 
 
 class _StorageUnpickler(pickle.Unpickler):

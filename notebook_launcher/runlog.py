@@ -49,7 +49,11 @@ class RunLog:
         _prune(root, keep=KEEP_RUNS, current=self.run_id)
 
     def write(self, event: Event) -> None:
-        self._events.write(json.dumps(event.to_json(), default=str) + "\n")
+        try:
+            line = json.dumps(event.to_json(), default=str)
+        except (TypeError, ValueError):  # data JSON cannot hold as it is (keys that are not strings, from a rank)
+            line = json.dumps(_plain(event.to_json()), default=str)
+        self._events.write(line + "\n")
         now = time.monotonic()
         if now - self._last_flush > self._FLUSH_EVERY_S:
             self._events.flush()
@@ -65,6 +69,15 @@ class RunLog:
     def close(self) -> None:
         if not self._events.closed:
             self._events.close()
+
+
+def _plain(value):
+    """``value`` with every dict key made a string, so that it can be written as JSON."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def read_run_log(path: str) -> list[dict]:

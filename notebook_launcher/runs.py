@@ -172,7 +172,7 @@ def inspect_run(run: Any = None, *, rank: Any = None, kind: Any = None, level: A
     shows it a page (``page_size`` rows) at a time, so a run of millions of lines is fine in the browser.
 
     Optional first filters: ``rank`` (one rank or several), ``kind`` ("stdout", "stderr", "log", "failure",
-    "exit", "launcher", "progress", "oom_retry", ...), ``level`` (the lowest level of log records shown:
+    "exit", "launcher", "restart", "progress", "oom_retry", ...), ``level`` (the lowest level of log records shown:
     "DEBUG" ... "CRITICAL"; output lines are not affected), ``search`` (case-insensitive text; a regular
     expression with ``regex=True``). The panel's controls change them; so does Python::
 

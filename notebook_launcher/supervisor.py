@@ -23,7 +23,7 @@ from .events import EXIT, FAILURE, STATUS, Event, WorkerSpec
 from .handles import WorkerProcess
 from .hangs import HangWatch
 from .interrupts import DeferredInterrupt
-from .proctree import descendants, kill, kill_group, kill_if_same
+from .proctree import descendants, descendants_of_each, kill, kill_group, kill_if_same
 from .starters import PIPE_SIZE, make_pipe, starter_for
 
 TERMINATE_GRACE_S = 1.0
@@ -199,9 +199,9 @@ class Supervisor:
         """What lies below each live rank, so that what a rank started is ended with it even when the rank dies
         without ending it itself (killed from outside, a crash): its orphans then belong to init."""
         self._scanned_at = now
-        for worker in self._workers:
-            if worker.alive:
-                self._below[worker.rank] = descendants([worker.pid])
+        live = {worker.pid: worker.rank for worker in self._workers if worker.alive}
+        for pid, below in descendants_of_each(list(live)).items():
+            self._below[live[pid]] = below
 
     def _check_progress(self) -> None:
         """A hang (a rank waits in a collective that a finished rank will never join) is diagnosed and stopped

@@ -13,8 +13,7 @@ import time
 import psutil
 import pytest
 
-from notebook_launcher import LaunchArgumentError, RankFailedError, last_run, notebook_launcher
-from notebook_launcher import HostFailedError
+from notebook_launcher import HostFailedError, LaunchArgumentError, RankFailedError, last_run, notebook_launcher
 from notebook_launcher.agent_channel import AGENT_MAGIC, SignedFrameReader, UnverifiedStream, node_key, sign_frame
 from notebook_launcher.events import STATUS, encode_frame
 
@@ -339,3 +338,23 @@ def test_with_mpirun_a_killed_rank_ends_the_run_on_every_host(local_sshd, tmp_pa
                           mpirun_options=_mpirun_through(local_sshd))
     assert caught.value.rank == 3 and "SIGKILL" in caught.value.failure.type
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
+
+
+def kills_its_agent():
+    import signal
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 2:
+        os.kill(os.getppid(), signal.SIGKILL)  # the agent of the second host goes away under its ranks
+    time.sleep(20)
+    return dist.get_rank()
+
+
+def test_a_host_whose_agent_dies_never_reads_as_a_finished_run(local_sshd):
+    with pytest.raises((HostFailedError, RankFailedError)) as caught:
+        notebook_launcher(kills_its_agent, num_processes=2, hosts=HOSTS, ssh_options=local_sshd, device="cpu",
+                          timeout=60, display="text")
+    assert "127.0.0.2" in str(caught.value) and last_run().status == "failed"
+    assert not _agents()

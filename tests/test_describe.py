@@ -43,7 +43,7 @@ CASES = [
     (EXIT, {"exit_code": 0, "signal": None, "signal_name": None, "stopped_by_launcher": False}, EXIT,
      "exit code 0", []),
     (STATUS, {"state": "starting", "pid": 4242, "local_rank": 1}, STATUS, "starting (pid 4242, local rank 1)", []),
-    (RESULT, {"type": "dict", "bytes": 120}, RESULT, "returned a dict (120 bytes pickled)", []),
+    (RESULT, {"type": "dict", "bytes": 120}, RESULT, "returned a dict (120 bytes)", []),
     (LAUNCHER, {"text": "restarting all ranks (try 2 of 3)"}, LAUNCHER, "restarting all ranks (try 2 of 3)",
      ["notebook_launcher: restarting all ranks (try 2 of 3)"]),
     (PROGRESS, {"step": 3, "total": 100000, "metrics": {"loss": 0.25, "lr": 1e-3}}, PROGRESS,

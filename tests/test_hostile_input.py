@@ -142,6 +142,8 @@ GARBAGE = {
     "header is a list": raw_frame([1, 2, 3]),
     "data is an int": raw_frame({"rank": 1, "seq": 1, "time": 0.0, "kind": "log", "data": 12}),
     "attachment on a log": encode_frame(1, 9, "log", {"message": "x"}, b"abc"),
+    "a negative pickle length": encode_frame(1, 9, "result", {"pickle_bytes": -1, "storages": [11]}, b"x" * 10),
+    "an exit only the kernel makes": encode_frame(1, 9, "exit", {"exit_code": 0}),
 }
 
 
@@ -154,6 +156,23 @@ def test_a_corrupt_frame_fails_that_rank_clearly_and_keeps_every_line_before_it(
                                         "pipe that are not an event")
     assert "the last line before the garbage" in last_run().output(rank=1)
     assert time.monotonic() - started < 20  # stopped at once, not after the rank's 30 s sleep
+    no_children_left()
+
+
+def emits_data_json_cannot_hold():
+    import torch.distributed as dist
+
+    sys.stdout._channel.emit("progress", {"step": 1, (1, 2): {3: "three"}})  # keys JSON cannot hold
+    dist.barrier()
+    return "fine"
+
+
+def test_an_event_whose_data_json_cannot_hold_is_logged_all_the_same():
+    assert notebook_launcher(emits_data_json_cannot_hold, num_processes=2, device="cpu", display="panel") == "fine"
+    from notebook_launcher.runlog import read_run_log
+
+    weird = [event for event in read_run_log(last_run().run_dir) if event["kind"] == "progress"]
+    assert [event["data"]["(1, 2)"] for event in weird] == [{"3": "three"}] * 2
     no_children_left()
 
 

@@ -116,7 +116,9 @@ def _status(data: dict, rank: int | None) -> Description:
 
 
 def _result(data: dict, rank: int | None) -> Description:
-    return Description(RESULT, "", 0, f"returned a {data.get('type')} ({data.get('bytes')} bytes pickled)", "")
+    if data.get("kept") is False:
+        return Description(RESULT, "", 0, f"returned a {data.get('type')}, not sent: {data.get('reason')}", "")
+    return Description(RESULT, "", 0, f"returned a {data.get('type')} ({data.get('bytes')} bytes)", "")
 
 
 def _launcher(data: dict, rank: int | None) -> Description:

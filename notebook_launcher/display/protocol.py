@@ -3,8 +3,7 @@
 The launcher feeds a display from the launching cell's thread: every event in order (``show``), its own lines
 (``note``), a call every few hundred milliseconds while waiting (``tick``, for displays that redraw), and,
 after a c10d rendezvous, which ranks this node got (``retarget``). ``TextDisplay`` and ``PanelDisplay`` are
-displays; so is the agent's ``ForwardingDisplay``, which sends everything to the launching kernel instead
-(it also says ``single_attempt = True``, read with ``getattr``: a host that must not restart its ranks).
+displays; so is the agent's ``ForwardingDisplay``, which sends everything to the launching kernel instead.
 
 ``notebook_launcher(display=...)`` takes "auto", "panel", "text" or any object ``is_display`` accepts.
 """

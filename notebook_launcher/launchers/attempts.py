@@ -40,6 +40,8 @@ class Attempts:
     def begin(self, ranks) -> None:
         """A new attempt of these ranks: a fresh failure tracker and in-order buffer."""
         self.run.attempts += 1
+        for results in (self.run.results, self.run.results_left_out, self.run.results_unavailable):
+            results.clear()  # what an earlier, failed attempt returned is not this attempt's
         self.tracker = FailureTracker()
         self.in_order = InOrderRelease(list(ranks), self.display.show)
         self.run.status = "running"
@@ -66,7 +68,7 @@ class Attempts:
         self.log.write(event)
         self.tracker.observe(event)
         self.in_order.push(event)
-        if event.kind == RESULT:
+        if event.kind == RESULT and not self.single_attempt:  # (an agent forwards results as they came)
             self._receive_result(event)
         elif event.kind == BATCH_SIZE:
             run.batch_sizes[event.data["key"]] = event.data["batch_size"]

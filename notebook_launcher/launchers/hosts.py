@@ -15,7 +15,7 @@ from .attempts import Attempts
 
 @dataclass
 class HostSettings:
-    """Where and how the hosts' agents start (checked by ``cluster.resolve_hosts``)."""
+    """Where and how the hosts' agents start (checked by ``remote.resolve_hosts``)."""
 
     hosts: list
     ssh_options: list | None = None
