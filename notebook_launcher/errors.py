@@ -8,6 +8,8 @@ raised; the classes only carry what a caller may want to inspect (the ``Run``, t
 
 from __future__ import annotations
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 
 class NotebookLauncherError(Exception):
     """Base of notebook_launcher's own errors."""
@@ -17,19 +19,26 @@ class LaunchArgumentError(NotebookLauncherError, ValueError):
     """A launch argument is wrong; raised in the kernel before any process starts."""
 
 
-class RankFailedError(NotebookLauncherError, RuntimeError):
+class RankFailedError(NotebookLauncherError, ChildFailedError, RuntimeError):
     """A rank failed. The message starts with the root-cause rank and its traceback, then the other ranks.
 
     Attributes: ``rank`` (the root-cause rank), ``failure`` (its RankFailure), ``failures`` (all, by rank),
-    ``run`` (the Run, with every event, exit code and the run log directory).
+    ``run`` (the Run, with every event, exit code and the run log directory). It is also torch elastic's
+    ``ChildFailedError``, which Accelerate's launcher raises, so ``except ChildFailedError`` (and
+    ``pytest.raises(ChildFailedError, match=...)`` on the user's error text) catch it; ``str(error)`` stays ours.
     """
 
     def __init__(self, message: str, failure, failures: dict, run):
-        super().__init__(message)
+        Exception.__init__(self, message)  # (not ChildFailedError's: it formats torch elastic's error files)
+        self.name = "notebook_launcher"
         self.rank = failure.rank
         self.failure = failure
         self.failures = failures
         self.run = run
+
+    def get_first_failure(self):
+        """(rank, failure) of the root cause, as ``ChildFailedError.get_first_failure`` gives."""
+        return self.rank, self.failure
 
 
 class LaunchTimeoutError(NotebookLauncherError, TimeoutError):

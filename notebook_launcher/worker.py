@@ -29,6 +29,7 @@ import sys
 import time
 import traceback
 
+from .accelerate_state import prepare_accelerate
 from .events import FAILURE, OUTPUT, RESULT, STATUS, EventWriter, WorkerSpec, write_all
 from .logging import install_event_logging
 from .progress_record import ProgressRecord
@@ -159,7 +160,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
     process_group_up = False
     try:
         function, args = load_function()
-        _forget_inherited_accelerate_state()
+        prepare_accelerate(cpu_launch=spec.device == "cpu")
         _limit_cpu_threads(spec)
         process_group_up = _init_process_group(spec)
         if process_group_up:
@@ -333,18 +334,6 @@ def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = spec.memory_limit if hard == resource.RLIM_INFINITY else min(spec.memory_limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-def _forget_inherited_accelerate_state() -> None:
-    """An Accelerator made in the notebook before the launch is inherited by fork; Accelerate would then refuse
-    to set up the distributed state in the worker. Each worker starts from a clean slate instead."""
-    state = sys.modules.get("accelerate.state")
-    if state is None:
-        return
-    for holder in ("AcceleratorState", "PartialState", "GradientState"):
-        shared = getattr(getattr(state, holder, None), "_shared_state", None)
-        if shared is not None:
-            shared.clear()
 
 
 def _limit_cpu_threads(spec: WorkerSpec) -> None:
