@@ -5,7 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test bench clean system-deps
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+
+.PHONY: demo test bench lab clean system-deps
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +25,11 @@ system-deps:
 
 test: $(VENV)/.ready system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# JupyterLab on notebooks/ (127.0.0.1:$(LAB_PORT)), to see the live panel: open the URL it prints, run a notebook.
+lab: $(VENV)/.ready
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+		$(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
 bench: $(VENV)/.ready
 	$(BIN)/python benchmarks/launch_overhead.py
