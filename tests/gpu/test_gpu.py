@@ -1,0 +1,139 @@
+"""GPU checks, for a machine with CUDA GPUs: collected with the rest (marker ``gpu``) and skipped without CUDA.
+
+Run them with ``tests/gpu/run.sh``. Each check runs in a fresh Python process, because initializing CUDA is for
+the life of a process and several checks are about what the kernel has or has not initialized.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPUS = torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU on this machine")]
+two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
+
+
+def in_a_fresh_kernel(code: str, timeout: float = 240) -> str:
+    """Run ``code`` as the kernel would (a new process, notebook_launcher importable); its stdout."""
+    completed = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                               timeout=timeout, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_device_auto_counts_gpus_without_initializing_cuda_in_the_kernel():
+    out = in_a_fresh_kernel("""
+        import torch
+        from notebook_launcher.plan import cuda_device_count, detect_device
+        print(detect_device(), cuda_device_count(), torch.cuda.is_initialized())
+    """)
+    assert out.split() == ["cuda", str(GPUS), "False"]
+
+
+def test_one_rank_on_cuda_returns_its_result_on_the_cpu():
+    out = in_a_fresh_kernel("""
+        import torch
+        from notebook_launcher import notebook_launcher
+        def on_gpu():
+            return torch.ones(4, device="cuda") * 2
+        result = notebook_launcher(on_gpu, num_processes=1, device="cuda")
+        print(result.device, result.sum().item())
+    """)
+    assert out.split()[-2:] == ["cpu", "8.0"]
+
+
+def test_after_cuda_init_in_the_kernel_spawn_is_chosen_and_fork_is_refused_naming_it():
+    out = in_a_fresh_kernel("""
+        import torch
+        from notebook_launcher import LaunchArgumentError
+        from notebook_launcher.plan import choose_start_method
+        torch.cuda.init()
+        print(choose_start_method("auto", "cuda"))
+        try:
+            choose_start_method("fork", "cuda")
+        except LaunchArgumentError as error:
+            print("refused:", error)
+    """)
+    assert "('spawn', 'fork is not safe here (CUDA is already initialized in this kernel" in out
+    assert "refused: start_method='fork' cannot be used: CUDA is already initialized" in out
+
+
+def test_more_ranks_than_gpus_is_refused_before_anything_starts():
+    out = in_a_fresh_kernel(f"""
+        from notebook_launcher import LaunchArgumentError, notebook_launcher
+        try:
+            notebook_launcher(print, num_processes={GPUS + 1}, device="cuda")
+        except LaunchArgumentError as error:
+            print("refused:", error)
+    """)
+    assert f"refused: num_processes={GPUS + 1} asks for more GPU ranks than the {GPUS} CUDA GPU(s)" in out
+
+
+def test_a_real_cuda_out_of_memory_error_is_retried_at_a_smaller_batch():
+    out = in_a_fresh_kernel("""
+        import sys
+        sys.path.insert(0, "tests/gpu")
+        from check_cuda_oom import main
+        print("exit", main())
+    """, timeout=420)
+    assert "exit 0" in out and "one process: finished at batch size 2" in out
+
+
+def test_mixed_precision_reaches_accelerate_on_the_gpu():
+    out = in_a_fresh_kernel("""
+        from notebook_launcher import notebook_launcher
+        def precision():
+            from accelerate import Accelerator
+            return Accelerator().mixed_precision
+        print(notebook_launcher(precision, num_processes=1, device="cuda", mixed_precision="bf16"))
+    """)
+    assert out.split()[-1] == "bf16"
+
+
+@two_gpus
+def test_nccl_all_reduce_across_every_gpu():
+    out = in_a_fresh_kernel(f"""
+        import torch, torch.distributed as dist
+        from notebook_launcher import notebook_launcher
+        def reduce():
+            t = torch.ones(1, device="cuda") * (dist.get_rank() + 1)
+            dist.all_reduce(t)
+            return dist.get_backend(), t.item()
+        print(notebook_launcher(reduce, num_processes={GPUS}, device="cuda"))
+    """)
+    assert f"('nccl', {float(sum(range(1, GPUS + 1)))})" in out
+
+
+@two_gpus
+def test_debug_mode_catches_a_shape_mismatch_on_nccl():
+    out = in_a_fresh_kernel(f"""
+        import torch, torch.distributed as dist
+        from notebook_launcher import RankFailedError, notebook_launcher
+        from notebook_launcher.ops import gather
+        def mismatch():
+            gather(torch.ones(1 + dist.get_rank(), device="cuda"))
+        try:
+            notebook_launcher(mismatch, num_processes={GPUS}, device="cuda", debug=True)
+        except RankFailedError as error:
+            print(str(error).splitlines()[0])
+    """)
+    assert "DistributedOperationException" in out
+
+
+@two_gpus
+def test_an_out_of_memory_step_down_restarts_every_gpu_rank_at_the_agreed_size():
+    out = in_a_fresh_kernel("""
+        import sys
+        sys.path.insert(0, "tests/gpu")
+        from check_cuda_oom import main
+        print("exit", main())
+    """, timeout=420)
+    assert "exit 0" in out and "GPU rank(s): finished at batch size 2" in out
