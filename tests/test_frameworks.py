@@ -224,6 +224,8 @@ def accelerate_notebook_tests(monkeypatch):
 @pytest.mark.parametrize("name", ["test_can_initialize", "test_static_rdzv_backend", "test_c10d_rdzv_backend",
                                   "test_clean_cuda_fork"])
 def test_accelerates_notebook_tests_launch(accelerate_notebook_tests, name):
+    """Each as Accelerate runs it. On one node, rdzv_backend="c10d" launches as "static" does (a rendezvous is
+    only needed across nodes); test_clean_cuda_fork checks only on a CUDA machine."""
     getattr(accelerate_notebook_tests, name)()
     run = last_run()
     assert run.status == "finished" and run.world_size == 2
