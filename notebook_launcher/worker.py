@@ -116,6 +116,8 @@ def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None
     exit_code = 70  # EX_SOFTWARE, if even the setup below fails
     try:
         os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
+        if (mp_util := sys.modules.get("multiprocessing.util")) is not None:  # as in multiprocessing's own forked
+            mp_util._finalizer_registry.clear(), mp_util._run_after_forkers()  # children: kernel's Queues work here
         for fd in inherited_fds_to_close:
             try:
                 os.close(fd)
@@ -395,6 +397,8 @@ def _run_exit_handlers() -> None:
     """What a normal interpreter exit would do for the user's code (wandb, TensorBoard writers, file
     handlers), since the worker leaves with os._exit to skip everything inherited from the kernel."""
     try:
+        if (mp_util := sys.modules.get("multiprocessing.util")) is not None:  # flushes the rank's Queues, as a
+            mp_util._run_finalizers()  # multiprocessing child does (the kernel's were forgotten at the fork)
         atexit._run_exitfuncs()
     except Exception:  # noqa: BLE001
         pass
