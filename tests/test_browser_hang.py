@@ -35,7 +35,8 @@ for rank in (0, 1):
     panel.show(Event(rank, 2, t0 + 0.5, STATUS, {"state": "running"}))
     for step in range(1, 5 - rank):
         panel.show(Event(rank, 2 + step, t0 + step, STREAM, {"stream": "stdout", "text": f"step {step}"}))
-        panel.show(Event(rank, 10 + step, t0 + step, PROGRESS, {"step": step, "total": 10, "metrics": {"loss": 1 / step}}))
+        panel.show(Event(rank, 10 + step, t0 + step, PROGRESS,
+                         {"step": step, "total": 10, "metrics": {"loss": 1 / step}}))
 panel.show(Event(-1, 1, t0 + 35.0, HANG_NOTICE, {
     "state": "open", "quiet_s": 31.2, "diverged": 0,
     "ranks": {"0": {"state": "in_ddp", "text": "in DDP's gradient all_reduce (step 4) at train.py:31 in train"},

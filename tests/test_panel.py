@@ -372,7 +372,8 @@ def test_a_cleared_notice_stays_not_live_and_the_ranks_run_again_unless_they_end
     (earlier,) = payload["hangs"]
     assert earlier["t"] == 40.0 and earlier["cleared_after"] == 6.0 and earlier["stacks"] == {}
     assert earlier["stacks_dropped"] == 2
-    assert len(payload["hang"]["stacks"]["1"]) < 4100 and "more characters in the run log" in payload["hang"]["stacks"]["1"]
+    cut = payload["hang"]["stacks"]["1"]
+    assert len(cut) < 4100 and "more characters in the run log" in cut
 
 
 def test_hang_notices_are_bounded_and_a_live_one_ends_with_the_run():
@@ -390,4 +391,17 @@ def test_hang_notices_are_bounded_and_a_live_one_ends_with_the_run():
     payload = state.to_json()
     assert payload["hang"]["live"] is False and payload["hang"]["cleared_after"] is None
     assert [r["status"] for r in payload["ranks"]] == ["stuck", "stuck", "stuck", "finished"]
-    assert "possible hang at 400.0 s" in render_text(payload) and "not cleared before the run ended" in render_text(payload)
+    plain = render_text(payload)
+    assert "possible hang at 400.0 s" in plain and "not cleared before the run ended" in plain
+
+
+def test_a_restart_ends_a_live_hang_notice():
+    from notebook_launcher.events import RESTART, Event
+
+    state, start = _hang_state()
+    state.observe(_open_notice(1, start + 40.0))
+    state.observe(Event(rank=-1, seq=2, time=start + 50, kind=RESTART,
+                        data={"attempt": 2, "reason": "failure", "text": "restarting"}))
+    payload = state.to_json()
+    assert payload["hang"]["live"] is False and payload["attempt"] == 2
+    assert [r["status"] for r in payload["ranks"]] == ["starting"] * 4
