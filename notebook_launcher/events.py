@@ -75,6 +75,7 @@ OUTPUT = "output"
 OOM_RETRY = "oom_retry"
 PROGRESS = "progress"
 RESTART = "restart"
+HANG_NOTICE = "hang_notice"
 TRUNCATED_EVENT = "TruncatedEvent"  # a failure the kernel makes: an event cut short by the worker's death
 CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes on an event pipe that are no event
 # kinds an agent of a launch across hosts sends besides its ranks' events

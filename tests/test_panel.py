@@ -300,3 +300,108 @@ def test_a_large_state_is_sent_less_often(monkeypatch):
     updates_in_ten_seconds = len(handle.bundles) - sent
     assert size > 2_000_000
     assert 1 <= updates_in_ten_seconds <= 10 * panel_module.MAX_BYTES_PER_S / size + 1  # not 40
+
+
+# -- hang notices (events the kernel's watchdog makes, built here by hand) -------------------------------------------
+def _hang_notice(seq: int, at: float, state: str, **data):
+    from notebook_launcher.events import HANG_NOTICE, Event
+
+    return Event(rank=-1, seq=seq, time=at, kind=HANG_NOTICE, data={"state": state, **data})
+
+
+def _open_notice(seq: int, at: float, stack: str = "rank 1's stack"):
+    return _hang_notice(
+        seq, at, "open", quiet_s=31.2, diverged=0,
+        ranks={"0": {"state": "in_ddp", "text": "in DDP's gradient all_reduce (step 4) at train.py:31 in train"},
+               "1": {"state": "waiting", "text": "waiting 31 s in barrier #1 at train.py:40 in train"},
+               "2": {"state": "busy", "text": "busy 31 s in Python at train.py:12 in load"},
+               "3": {"state": "finished", "text": "finished"}},
+        stacks={"0": "File \"train.py\", line 31 in train", "1": stack},
+        text="possible hang: no rank made progress for 31 s\n  rank 0: in DDP's gradient all_reduce (step 4) at "
+             "train.py:31 in train\n  rank 1: waiting 31 s in barrier #1 at train.py:40 in train <b>")
+
+
+def _hang_state():
+    from notebook_launcher.events import STATUS, Event
+
+    state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 4, 4, [0, 1, 2, 3])
+    start = state._started
+    for rank in range(4):
+        state.observe(Event(rank=rank, seq=1, time=start, kind=STATUS, data={"state": "running"}))
+    state.observe(Event(rank=3, seq=2, time=start + 1, kind=STATUS, data={"state": "finished", "exit_code": 0}))
+    return state, start
+
+
+def test_an_open_hang_notice_is_a_live_card_and_badges_on_the_ranks_it_lists():
+    state, start = _hang_state()
+    state.observe(_open_notice(1, start + 40.0))
+    payload = json.loads(json.dumps(state.to_json()))  # what the extension receives
+    hang = payload["hang"]
+    assert hang["live"] is True and hang["t"] == 40.0 and hang["quiet_s"] == 31.2 and hang["diverged"] == 0
+    assert hang["ranks"]["1"] == {"state": "waiting", "text": "waiting 31 s in barrier #1 at train.py:40 in train"}
+    assert hang["stacks"]["1"] == "rank 1's stack" and payload["hangs"] == []
+    assert [r["status"] for r in payload["ranks"]] == ["in DDP", "waiting", "busy", "finished"]
+    assert -1 not in state.ranks  # the launcher's notice is no rank column
+    plain = render_text(payload)
+    assert "possible hang: no rank made progress for 31 s" in plain
+    assert "  rank 1: waiting 31 s in barrier #1 at train.py:40 in train <b>" in plain.splitlines()
+    assert "status by rank: 0 in DDP, 1 waiting, 2 busy, 3 finished" in plain
+    page = render_html(payload)
+    assert "possible hang: no rank made progress" in page and "train &lt;b&gt;" in page and page.count("<b>") == 1
+
+
+def test_a_cleared_notice_stays_not_live_and_the_ranks_run_again_unless_they_ended():
+    from notebook_launcher.events import EXIT, Event
+
+    state, start = _hang_state()
+    state.observe(_open_notice(1, start + 40.0))
+    state.observe(Event(rank=2, seq=3, time=start + 41, kind=EXIT, data={"exit_code": 1}))  # rank 2 died meanwhile
+    state.observe(_hang_notice(2, start + 46.0, "cleared", quiet_s=6.0, text="progress resumed after 6 s"))
+    payload = state.to_json()
+    hang = payload["hang"]
+    assert hang["live"] is False and hang["cleared_after"] == 6.0 and hang["cleared_t"] == 46.0
+    assert hang["cleared_text"] == "progress resumed after 6 s" and hang["ranks"]["0"]["state"] == "in_ddp"
+    assert [r["status"] for r in payload["ranks"]] == ["running", "running", "failed", "finished"]
+    assert "possible hang at 40.0 s, 31 s without progress: cleared after 6 s" in render_text(payload).splitlines()
+    assert "possible hang: no rank" not in render_text(payload)
+
+    state.observe(_open_notice(3, start + 90.0, stack="x" * 50_000))  # the next one: the first goes to history
+    payload = state.to_json()
+    assert payload["hang"]["live"] is True and payload["hang"]["t"] == 90.0
+    assert [r["status"] for r in payload["ranks"]] == ["in DDP", "waiting", "failed", "finished"]
+    (earlier,) = payload["hangs"]
+    assert earlier["t"] == 40.0 and earlier["cleared_after"] == 6.0 and earlier["stacks"] == {}
+    assert earlier["stacks_dropped"] == 2
+    cut = payload["hang"]["stacks"]["1"]
+    assert len(cut) < 4100 and "more characters in the run log" in cut
+
+
+def test_hang_notices_are_bounded_and_a_live_one_ends_with_the_run():
+    state, start = _hang_state()
+    for index in range(30):
+        state.observe(_open_notice(2 * index, start + 40.0 + index * 10))
+        state.observe(_hang_notice(2 * index + 1, start + 45.0 + index * 10, "cleared", quiet_s=5.0, text="resumed"))
+    state.observe(_open_notice(100, start + 400.0))
+    assert len(state.to_json()["hangs"]) == 10
+    stacks = {str(rank): "s" for rank in range(40)}
+    state.observe(_hang_notice(101, start + 401.0, "open", ranks={}, diverged=33, stacks=stacks, text="again"))
+    kept = state.to_json()["hang"]["stacks"]
+    assert len(kept) == 16 and "33" in kept and "0" in kept
+    state.finish("hung", stuck_ranks=[1])
+    payload = state.to_json()
+    assert payload["hang"]["live"] is False and payload["hang"]["cleared_after"] is None
+    assert [r["status"] for r in payload["ranks"]] == ["stuck", "stuck", "stuck", "finished"]
+    plain = render_text(payload)
+    assert "possible hang at 400.0 s" in plain and "not cleared before the run ended" in plain
+
+
+def test_a_restart_ends_a_live_hang_notice():
+    from notebook_launcher.events import RESTART, Event
+
+    state, start = _hang_state()
+    state.observe(_open_notice(1, start + 40.0))
+    state.observe(Event(rank=-1, seq=2, time=start + 50, kind=RESTART,
+                        data={"attempt": 2, "reason": "failure", "text": "restarting"}))
+    payload = state.to_json()
+    assert payload["hang"]["live"] is False and payload["attempt"] == 2
+    assert [r["status"] for r in payload["ranks"]] == ["starting"] * 4

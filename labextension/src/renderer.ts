@@ -15,6 +15,7 @@ import { Widget } from '@lumino/widgets';
 import { chartMetric, IDomain, renderChart, seriesDomain, STEP_TIME } from './chart';
 import { badge, h, setData } from './dom';
 import { formatElapsed, formatNumber, formatProgress, progressFraction } from './format';
+import { HangCard } from './hang';
 import { IFailure, ILine, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
 
 /** A rank column and what it last rendered. */
@@ -43,6 +44,7 @@ export class RunView {
   readonly node = h('div', 'nl-run');
   private readonly header = h('div', 'nl-header');
   private readonly failure = h('section', 'nl-failure');
+  private readonly hang = new HangCard();
   private readonly mismatches = h('section', 'nl-mismatches');
   private readonly oom = h('section', 'nl-oom');
   private readonly triggers = h('section', 'nl-triggers');
@@ -106,6 +108,7 @@ export class RunView {
     const failure = run.failure || null;
     this.section(this.failure, 'failure', JSON.stringify(failure), () => renderFailure(failure));
     setData(this.failure, { kind: failure?.kind, rank: failure?.rank });
+    const hang = this.hang.update(run.hang, run.hangs);
     const mismatches = run.shape_mismatches || [];
     const retried = (run.attempt || 1) > 1;
     this.section(this.mismatches, 'mismatches', JSON.stringify([mismatches, retried]), () =>
@@ -118,6 +121,7 @@ export class RunView {
     this.placeSections([
       [this.header, true],
       [this.failure, !!failure],
+      [this.hang.node, hang],
       [this.mismatches, mismatches.length > 0],
       [this.oom, oom.length > 0],
       [this.triggers, triggers.length > 0]
@@ -260,7 +264,7 @@ function trackPin(view: IRankView): void {
 
 /** The header changes on each update anyway (elapsed), so its key is simply its data. */
 function headerKey(run: IRun): string {
-  const { ranks, shape_mismatches, oom_retries, triggers, failure, ...rest } = run;
+  const { ranks, shape_mismatches, oom_retries, triggers, failure, hang, hangs, ...rest } = run;
   return JSON.stringify(rest);
 }
 

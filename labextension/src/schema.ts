@@ -15,7 +15,16 @@ export type RunStatus =
   | 'hung'
   | 'interrupted';
 
-export type RankStatus = 'starting' | 'running' | 'finished' | 'failed' | 'stuck' | 'stopped';
+export type RankStatus =
+  | 'starting'
+  | 'running'
+  | 'finished'
+  | 'failed'
+  | 'stuck'
+  | 'stopped'
+  | 'waiting'
+  | 'busy'
+  | 'in DDP';
 
 export interface ILine {
   n: number;
@@ -93,6 +102,27 @@ export interface IFailure {
   stacks?: Record<string, string> | null;
 }
 
+/** Where one rank is, as a hang notice tells it. */
+export interface IHangRank {
+  state?: 'waiting' | 'in_ddp' | 'busy' | 'finished' | 'exited' | string;
+  text?: string;
+}
+
+/** A possible hang the kernel's watchdog noticed: live until progress resumes. */
+export interface IHang {
+  live?: boolean;
+  t?: number;
+  quiet_s?: number | null;
+  ranks?: Record<string, IHangRank>;
+  diverged?: number | null;
+  stacks?: Record<string, string>;
+  stacks_dropped?: number;
+  text?: string;
+  cleared_after?: number | null;
+  cleared_t?: number | null;
+  cleared_text?: string | null;
+}
+
 export interface IRun {
   version?: number;
   run_id?: string;
@@ -114,4 +144,6 @@ export interface IRun {
   triggers?: ITrigger[];
   failure?: IFailure | null;
   result?: { type?: string } | null;
+  hang?: IHang | null;
+  hangs?: IHang[];
 }

@@ -206,17 +206,21 @@ function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
     notebook: panel.context.path,
     running: counts.running || 0,
     failed: counts.failed || 0,
-    stuck: counts.stuck || 0
+    stuck: counts.stuck || 0,
+    hang: run.hang?.live ? 'live' : null
   });
   const top = h('div', 'nl-sidebar-run-top');
   top.append(badge(run.status, 'nl-status'), h('span', 'nl-sidebar-run-id', run.run_id || '(no id)'));
   const name = panel.context.path.split('/').pop() || panel.context.path;
   const meta = h('div', 'nl-sidebar-run-meta', [name, formatElapsed(run.elapsed)].filter(Boolean).join(' · '));
   const parts = [`${counts.running || 0} running`, `${counts.failed || 0} failed`, `${counts.stuck || 0} stuck`];
-  for (const status of ['starting', 'finished', 'stopped']) {
+  for (const status of ['waiting', 'busy', 'in DDP', 'starting', 'finished', 'stopped']) {
     if (counts[status]) {
       parts.push(`${counts[status]} ${status}`);
     }
+  }
+  if (run.hang?.live) {
+    parts.unshift('possible hang');
   }
   const ranks = h('div', 'nl-sidebar-run-ranks', parts.join(' · '));
   const children: Node[] = [top, meta, ranks];

@@ -83,6 +83,21 @@ describe('Runs sidebar', () => {
     sidebar.dispose();
   });
 
+  it('says a live hang notice and counts the ranks it badged', () => {
+    const ranks = [rank(0, { status: 'in DDP' }), rank(1, { status: 'waiting' })];
+    const hang = { live: true, t: 40, ranks: {}, stacks: {}, text: 'possible hang' };
+    const panel = fakePanel('nb-h', 'h.ipynb', [[run({ run_id: 'h1', ranks, hang })]]);
+    const sidebar = new RunsSidebar(fakeTracker([panel]), { activateById: vi.fn() } as any);
+    document.body.replaceChildren(sidebar.node);
+    sidebar.refresh();
+    const item = sidebar.node.querySelector<HTMLElement>('.nl-sidebar-run[data-run-id="h1"]')!;
+    expect(item.dataset.hang).toBe('live');
+    expect(item.querySelector('.nl-sidebar-run-ranks')?.textContent).toBe(
+      'possible hang · 0 running · 0 failed · 0 stuck · 1 waiting · 1 in DDP'
+    );
+    sidebar.dispose();
+  });
+
   it('follows output changes', async () => {
     vi.useFakeTimers();
     const panel = fakePanel('nb-a', 'a.ipynb', [[run({ run_id: 'r1' })]]);

@@ -14,7 +14,8 @@ from ..events import LOG, TRIGGER
 from .describe import describe, launcher_line, log_line
 
 _STATUS_COLOURS = {"starting": "#888", "running": "#1a73e8", "finished": "#188038", "failed": "#d93025",
-                   "stuck": "#e37400", "hung": "#e37400", "timed out": "#e37400", "interrupted": "#888"}
+                   "stuck": "#e37400", "hung": "#e37400", "timed out": "#e37400", "interrupted": "#888",
+                   "waiting": "#e37400", "busy": "#e37400", "in DDP": "#e37400"}
 _LEVEL_COLOURS = {"DEBUG": "#888", "WARNING": "#b06000", "ERROR": "#d93025", "CRITICAL": "#d93025"}
 
 
@@ -38,6 +39,7 @@ def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tu
     template = string.Template(prefix_template)
     out: list[tuple[str, str | None]] = [(headline(state), None)]
     out += [(launcher_line(note), "#666") for note in state["notes"]]
+    out += hang_lines(state)
     failure = state.get("failure")
     if failure and failure.get("traceback"):
         out.append((f"root cause (rank {failure.get('rank')}):", _STATUS_COLOURS["failed"]))
@@ -69,6 +71,21 @@ def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tu
     for trigger in state["triggers"]:
         out.append((f"rank {trigger['rank']} called {describe(TRIGGER, trigger).text}", None))
     out.append(("status by rank: " + ", ".join(f"{r['rank']} {r['status']}" for r in state["ranks"]), None))
+    return out
+
+
+def hang_lines(state: dict) -> list[tuple[str, str | None]]:
+    """A live hang notice as the text display printed it; earlier and cleared ones in one line each."""
+    notices = [*(state.get("hangs") or []), *([state["hang"]] if state.get("hang") else [])]
+    out = []
+    for notice in notices:
+        if notice.get("live"):
+            out += [(line, _STATUS_COLOURS["stuck"]) for line in str(notice.get("text", "")).splitlines()]
+            continue
+        how = (f"cleared after {notice['cleared_after']:.0f} s" if notice.get("cleared_after") is not None
+               else "cleared" if notice.get("cleared_t") is not None else "not cleared before the run ended")
+        quiet = f", {notice['quiet_s']:.0f} s without progress" if notice.get("quiet_s") is not None else ""
+        out.append((f"possible hang at {notice.get('t', 0):.1f} s{quiet}: {how}", "#666"))
     return out
 
 

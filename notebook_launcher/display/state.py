@@ -3,6 +3,10 @@
 ``RunState.to_json()`` is the payload of the MIME type ``application/vnd.notebook-launcher.run.v1+json``
 (documented in ``labextension/SCHEMA.md``). It is bounded whatever the run prints: each rank keeps its newest
 ``lines_per_rank`` lines and ``history_points`` progress points; everything is in the run log on disk.
+
+A ``hang_notice`` (made by the kernel's watchdog) is the ``hang`` card: live while it is open, each rank it lists
+showing its place as a status badge ("waiting", "busy", "in DDP"); when progress resumes it stays, not live, and
+the ranks are "running" again; the notice before it goes to ``hangs`` (without its stacks: the run log has them).
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ import re
 import time
 from collections import deque
 
-from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART, SHAPE_MISMATCH, STATUS, STREAM,
-                      TRIGGER, Event)
+from ..events import (BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
+                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
 from .describe import describe
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
@@ -21,6 +25,14 @@ HISTORY_POINTS = 200
 MAX_TEXT = 2000  # one line's characters in the panel (the run log keeps all of it)
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
 MAX_NOTES = 50  # the launcher's own lines (hosts' stderr lines among them) kept for the panel
+MAX_HANGS = 10  # earlier hang notices kept for the panel
+MAX_STACK = 4000  # one rank's stack in a hang notice (the run log keeps all of it)
+MAX_STACKS = 16  # ranks whose stack the notice carries (the diverged rank first, then the lowest)
+MAX_HANG_RANKS = 256  # ranks a notice lists, each in one line of at most MAX_HANG_LINE characters
+MAX_HANG_LINE = 400
+# a hang notice's rank state -> the status badge it shows while the notice is live
+HANG_BADGES = {"waiting": "waiting", "busy": "busy", "in_ddp": "in DDP"}
+_ALIVE = ("starting", "running", *HANG_BADGES.values())  # statuses a notice may replace with its badge
 
 # tqdm's bar as it prints it: "train:  45%|####5     | 45/100 [00:01<00:01, 40.20it/s]"
 _TQDM = re.compile(r"(?:(?P<desc>[^|:]{0,80}): *)?\d{1,3}%\|[^|]{0,200}\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
@@ -68,6 +80,9 @@ class RunState:
         self.batch_size: int | None = None
         self.failure: dict | None = None
         self.result: dict | None = None
+        self.hang: dict | None = None  # the newest hang notice (see _on_hang_notice)
+        self.hangs: list[dict] = []  # the earlier ones, oldest first
+        self._hang_marked: set[int] = set()  # ranks whose status is the live notice's badge
         self._line_count = 0
         self.changes = 0  # bumped by every change, so a display knows when to publish
 
@@ -218,8 +233,58 @@ class RunState:
         self.attempt = int(event.data.get("attempt", self.attempt + 1))
         if event.data.get("reason") != "out of memory":  # (the out-of-memory card says it already)
             self.note(str(event.data.get("text", "")))
+        self._end_hang()
         for rank in self.ranks.values():
             rank.status, rank.exit_code, rank._last_step = "starting", None, None
+
+    def _on_hang_notice(self, event: Event) -> None:
+        """The watchdog's "open" notice is the live card (a second "open" while one is live replaces it); its
+        "cleared" notice ends it: not live, its ranks "running" again where nothing else happened to them."""
+        data = event.data
+        if data.get("state") == "cleared":
+            if self.hang is not None and self.hang["live"]:
+                self._end_hang()
+                self.hang["cleared_after"] = _number(data.get("quiet_s"))
+                self.hang["cleared_t"] = self._t(event)
+                self.hang["cleared_text"] = str(data.get("text", ""))[:MAX_TEXT]
+            return
+        if data.get("state") != "open":
+            return
+        started = self.hang["t"] if self.hang is not None and self.hang["live"] else self._t(event)
+        if self.hang is not None:
+            if self.hang["live"]:
+                self._end_hang()
+            else:
+                earlier = {**self.hang, "stacks": {}, "stacks_dropped": len(self.hang["stacks"])}
+                self.hangs.append(earlier)
+                del self.hangs[:-MAX_HANGS]
+        ranks = {}
+        for key, place in list((data.get("ranks") or {}).items())[:MAX_HANG_RANKS]:
+            place = place if isinstance(place, dict) else {}
+            ranks[str(key)] = {"state": str(place.get("state", ""))[:16],
+                               "text": str(place.get("text", ""))[:MAX_HANG_LINE]}
+        diverged = data.get("diverged")
+        diverged = diverged if isinstance(diverged, int) and not isinstance(diverged, bool) else None
+        self.hang = {"live": True, "t": started, "quiet_s": _number(data.get("quiet_s")), "ranks": ranks,
+                     "diverged": diverged, "stacks": _bounded_stacks(data.get("stacks") or {}, diverged),
+                     "text": str(data.get("text", ""))[:MAX_TEXT * 4],
+                     "cleared_after": None, "cleared_t": None, "cleared_text": None}
+        for key, place in ranks.items():
+            badge = HANG_BADGES.get(place["state"])
+            rank = self.ranks.get(int(key)) if key.lstrip("-").isdigit() else None
+            if badge is not None and rank is not None and rank.status in _ALIVE:
+                rank.status = badge
+                self._hang_marked.add(rank.rank)
+
+    def _end_hang(self) -> None:
+        """The live notice is over (cleared, a restart, the end of the run): badges back to "running"."""
+        if self.hang is not None:
+            self.hang["live"] = False
+        for number in self._hang_marked:
+            rank = self.ranks.get(number)
+            if rank is not None and rank.status in HANG_BADGES.values():
+                rank.status = "running"
+        self._hang_marked.clear()
 
     @staticmethod
     def _bounded(items: list) -> list:
@@ -235,6 +300,7 @@ class RunState:
         self._ended = time.monotonic()
         self.failure = failure
         self.result = {"type": result_type} if result_type is not None else None
+        self._end_hang()
         for rank in stuck_ranks:
             if rank in self.ranks:
                 self.ranks[rank].status = "stuck"
@@ -252,7 +318,24 @@ class RunState:
                 "ranks": [self.ranks[rank].to_json() for rank in sorted(self.ranks)],
                 "shape_mismatches": list(self.shape_mismatches), "oom_retries": list(self.oom_retries),
                 "batch_size": self.batch_size, "triggers": list(self.triggers), "failure": self.failure,
-                "result": self.result}
+                "result": self.result, "hang": dict(self.hang) if self.hang else None, "hangs": list(self.hangs)}
+
+
+def _number(value) -> float | None:
+    return round(float(value), 3) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _bounded_stacks(stacks: dict, diverged: int | None) -> dict:
+    """At most MAX_STACKS ranks' stacks (the diverged rank's first), each cut to MAX_STACK characters."""
+    texts = {str(key): str(text) for key, text in stacks.items()}
+    order = sorted(texts, key=lambda key: (key != str(diverged), len(key), key))[:MAX_STACKS]
+    out = {}
+    for key in sorted(order, key=lambda key: (len(key), key)):
+        text = texts[key]
+        if len(text) > MAX_STACK:
+            text = f"{text[:MAX_STACK]}\n... ({len(text) - MAX_STACK} more characters in the run log)"
+        out[key] = text
+    return out
 
 
 _HANDLERS = {
@@ -260,5 +343,5 @@ _HANDLERS = {
     PROGRESS: RunState._on_progress, FAILURE: RunState._on_failure, EXIT: RunState._on_exit,
     SHAPE_MISMATCH: RunState._on_shape_mismatch, OOM_RETRY: RunState._on_oom_retry,
     BATCH_SIZE: RunState._on_batch_size, TRIGGER: RunState._on_trigger, LAUNCHER: RunState._on_launcher,
-    RESTART: RunState._on_restart,
+    RESTART: RunState._on_restart, HANG_NOTICE: RunState._on_hang_notice,
 }

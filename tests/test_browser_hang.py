@@ -1,0 +1,118 @@
+"""The hang card in a real JupyterLab, in Debian's Chromium (Playwright), with a real kernel.
+
+The kernel's watchdog is what makes ``hang_notice`` events; here the cell makes them by hand, feeds them to a
+``RunState`` and publishes it through ``PanelDisplay`` (the same bundle, display id and updates as a launch), so
+the card is drawn by the extension built in this checkout. Screenshots go to tests/output/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from browser import chromium, jupyter_lab, open_notebook, quiet_settings, screenshot
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILT = os.path.join(REPO_ROOT, "notebook_launcher", "labextension")
+
+HANG_CELL = '''\
+from notebook_launcher.display.panel import PanelDisplay
+from notebook_launcher.display.state import RunState
+from notebook_launcher.events import HANG_NOTICE, PROGRESS, STATUS, STREAM, Event
+
+state = RunState("20261201-110000-4242-abcdef", "/tmp/runs/20261201-110000-4242-abcdef", "cpu", "gloo", "fork",
+                 2, 2, [0, 1])
+panel = PanelDisplay(state)
+t0 = state._started
+for rank in (0, 1):
+    panel.show(Event(rank, 1, t0 + 0.1, STATUS, {"state": "starting", "pid": 4100 + rank}))
+    panel.show(Event(rank, 2, t0 + 0.5, STATUS, {"state": "running"}))
+    for step in range(1, 5 - rank):
+        panel.show(Event(rank, 2 + step, t0 + step, STREAM, {"stream": "stdout", "text": f"step {step}"}))
+        panel.show(Event(rank, 10 + step, t0 + step, PROGRESS,
+                         {"step": step, "total": 10, "metrics": {"loss": 1 / step}}))
+panel.show(Event(-1, 1, t0 + 35.0, HANG_NOTICE, {
+    "state": "open", "quiet_s": 31.2, "diverged": 0,
+    "ranks": {"0": {"state": "in_ddp", "text": "in DDP's gradient all_reduce (step 4) at train.py:31 in train"},
+              "1": {"state": "waiting", "text": "waiting 31 s in barrier #1 at train.py:40 in train <b>x</b>"}},
+    "stacks": {"0": 'File "train.py", line 31 in train\\n  loss.backward()',
+               "1": 'File "train.py", line 40 in train\\n  dist.barrier()'},
+    "text": ("possible hang: no rank made progress for 31 s\\n"
+             "  rank 0: in DDP's gradient all_reduce (step 4) at train.py:31 in train\\n"
+             "  rank 1: waiting 31 s in barrier #1 at train.py:40 in train <b>x</b>")}))
+panel.publish()
+'''
+
+CLEAR_CODE = '''\
+panel.show(Event(-1, 2, t0 + 41.0, HANG_NOTICE, {"state": "cleared", "quiet_s": 6.0,
+                                                  "text": "progress resumed after 6 s"}))
+panel.publish()
+'''
+
+
+@pytest.fixture
+def lab(tmp_path, runs_dir):
+    """JupyterLab serving this checkout's built extension (first on its labextensions path) to a kernel that
+    imports this checkout's code."""
+    if not os.path.exists(os.path.join(BUILT, "package.json")):
+        pytest.fail("the extension is not built: cd labextension && npm run build")
+    share = tmp_path / "share" / "jupyter"
+    (share / "labextensions").mkdir(parents=True)
+    os.symlink(BUILT, share / "labextensions" / "notebook-launcher-panel")
+    root = tmp_path / "lab"
+    root.mkdir()
+    paths = [str(share), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
+    python_path = [REPO_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+           "JUPYTERLAB_SETTINGS_DIR": quiet_settings(tmp_path / "settings"), "JUPYTER_PATH": os.pathsep.join(paths),
+           "PYTHONPATH": os.pathsep.join(python_path)}
+    with jupyter_lab(root, env) as url, chromium(tmp_path / "profile") as browser:
+        yield root, url, browser
+
+
+def _texts(page, selector: str) -> list[str]:
+    return [text.strip() for text in page.locator(selector).all_text_contents()]
+
+
+def test_a_live_hang_notice_is_a_card_on_top_with_rank_badges_and_it_clears_when_progress_resumes(lab):
+    root, url, browser = lab
+    notebook = new_notebook(cells=[new_code_cell(HANG_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(notebook, str(root / "hang.ipynb"))
+    page = open_notebook(browser, url, "hang.ipynb")
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+    card = page.locator(".nl-run .nl-hang")
+    page.wait_for_selector('.nl-run .nl-hang[data-live="true"]', timeout=60_000)
+    assert card.locator(".nl-hang-label").inner_text() == "possible hang"
+    assert card.locator(".nl-hang-live").is_visible()
+    assert page.locator(".nl-run > .nl-header + .nl-hang").count() == 1  # at the top of the run
+    assert _texts(page, ".nl-hang-rank .nl-hang-text") == [
+        "in DDP's gradient all_reduce (step 4) at train.py:31 in train",
+        "waiting 31 s in barrier #1 at train.py:40 in train <b>x</b>"]  # text, never markup
+    assert card.locator('.nl-hang-rank[data-rank="0"][data-diverged="true"]').is_visible()
+    assert "rank 0 diverged" in card.locator(".nl-hang-diverged").inner_text()
+    assert _texts(page, '.nl-run .nl-rank .nl-rank-status') == ["in DDP", "waiting"]
+    assert all(page.locator(f'.nl-run .nl-rank[data-rank="{r}"] .nl-rank-status').is_visible() for r in (0, 1))
+    stack = card.locator('details.nl-hang-stack[data-rank="1"]')
+    assert not stack.locator("pre").is_visible()  # collapsed until asked for
+    stack.locator("summary").click()
+    assert "dist.barrier()" in stack.locator("pre").inner_text()
+    screenshot(page, "hang-card-live.png", ".nl-run")
+
+    # progress resumes: the same output updates in place (its display id), the card stays, not live
+    page.evaluate(f"""async () => {{ await window.jupyterapp.shell.currentWidget.sessionContext.session.kernel
+                                   .requestExecute({{code: {json.dumps(CLEAR_CODE)}}}).done; }}""")
+    page.wait_for_selector('.nl-run .nl-hang[data-live="false"]', timeout=30_000)
+    assert card.locator(".nl-hang-ending").inner_text() == "(cleared after 6 s)"
+    assert card.locator(".nl-hang-live").count() == 0
+    assert "progress resumed after 6 s" in card.locator(".nl-hang-resumed").inner_text()
+    assert _texts(page, '.nl-run .nl-rank .nl-rank-status') == ["running", "running"]
+    assert stack.locator("pre").is_visible()  # the toggle the user opened stayed open
+    screenshot(page, "hang-card-cleared.png", ".nl-run")
