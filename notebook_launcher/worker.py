@@ -116,8 +116,7 @@ def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None
     exit_code = 70  # EX_SOFTWARE, if even the setup below fails
     try:
         os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
-        if (mp_util := sys.modules.get("multiprocessing.util")) is not None:  # as in multiprocessing's own forked
-            mp_util._finalizer_registry.clear(), mp_util._run_after_forkers()  # children: kernel's Queues work here
+        _reset_multiprocessing_after_fork()
         for fd in inherited_fds_to_close:
             try:
                 os.close(fd)
@@ -126,6 +125,16 @@ def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None
         exit_code = _run(spec, lambda: (function, args))
     finally:
         os._exit(exit_code)
+
+
+def _reset_multiprocessing_after_fork() -> None:
+    """What multiprocessing does in a child it forks itself: the kernel's finalizers are not the rank's, and
+    objects registered for it (a ``multiprocessing.Queue`` made in the notebook) are reset, so that a rank's
+    ``put()`` is not lost to a feeder thread that exists only in the kernel."""
+    multiprocessing_util = sys.modules.get("multiprocessing.util")
+    if multiprocessing_util is not None:
+        multiprocessing_util._finalizer_registry.clear()
+        multiprocessing_util._run_after_forkers()
 
 
 def main_spawned() -> None:
@@ -397,8 +406,9 @@ def _run_exit_handlers() -> None:
     """What a normal interpreter exit would do for the user's code (wandb, TensorBoard writers, file
     handlers), since the worker leaves with os._exit to skip everything inherited from the kernel."""
     try:
-        if (mp_util := sys.modules.get("multiprocessing.util")) is not None:  # flushes the rank's Queues, as a
-            mp_util._run_finalizers()  # multiprocessing child does (the kernel's were forgotten at the fork)
+        multiprocessing_util = sys.modules.get("multiprocessing.util")
+        if multiprocessing_util is not None:  # flushes the rank's Queues, as a multiprocessing child does
+            multiprocessing_util._run_finalizers()
         atexit._run_exitfuncs()
     except Exception:  # noqa: BLE001
         pass
