@@ -155,11 +155,20 @@ CELLS = [
      "    dist.all_reduce(torch.ones(1))"),
     ("notebook_launcher(stuck, num_processes=2, device='cpu', hang_warning=2, display='text')\n"
      "print('NOTICE', [e.data['text'] for e in last_run().events if e.kind == 'hang_notice'][0])"),
+    "%load_ext notebook_launcher",
+    ("%%accelerate -n 2 --text --no-return --hang-warning 2\n"
+     "import time, torch, torch.distributed as dist\n"
+     "if dist.get_rank() == 1:\n"
+     "    end = time.time() + 5\n"
+     "    while time.time() < end:\n"
+     "        pass\n"
+     "dist.all_reduce(torch.ones(1))"),
+    "print('MAGIC', [e.data['text'] for e in last_run().events if e.kind == 'hang_notice'][0])",
 ]
 
 
 @pytest.mark.slow
-def test_in_a_kernel_a_notice_names_the_notebook_cell(tmp_path):
+def test_in_a_kernel_a_notice_names_the_notebook_cell_and_the_magic_takes_hang_warning(tmp_path):
     notebook = new_notebook(cells=[new_code_cell(source) for source in CELLS])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     client = NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
@@ -170,3 +179,24 @@ def test_in_a_kernel_a_notice_names_the_notebook_cell(tmp_path):
     assert re.search(r"rank 1: busy in its own code at cell In\[2\], line [56] in stuck", notice), out
     assert re.search(r'cell In\[2\], line 7 in stuck', notice)  # in the stacks too
     assert "ipykernel_" not in notice
+    # a %%accelerate cell (its first line, the magic's, is line 1), with the watchdog set by --hang-warning
+    out = "".join(output.get("text", "") for output in notebook.cells[5].outputs if output["output_type"] == "stream")
+    notice = out[out.index("MAGIC"):]
+    assert re.search(r"rank 0: waiting \d+ s in all_reduce #1 at cell In\[\d+\], line 7 in <module>", notice), out
+    assert re.search(r"rank 1: busy in its own code at cell In\[\d+\], line [56] in <module>", notice), out
+    assert "<accelerate cell" not in notice
+
+
+def test_the_automatic_hang_stop_is_kept_and_its_stacks_are_the_users():
+    def leaves_early():
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1))  # rank 1 has returned: it never joins
+
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(leaves_early, num_processes=2, device="cpu", display="text")
+    assert last_run().status == "hung" and notices() == []  # stopped 2 s after rank 1 finished, before any notice
+    message = str(caught.value)
+    assert "Python stacks of rank 0:" in message and "in leaves_early" in message
+    assert_only_users_frames(message)
