@@ -60,7 +60,8 @@ class Supervisor:
                  progress_dir: str = ""):
         self.plan = plan
         self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
-        self._stall = StallWatch(getattr(plan, "hang_warning", None), self._hangs, plan.timeout)  # the watchdog
+        # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
+        self._stall = StallWatch(None if plan.in_workers else plan.hang_warning, self._hangs, plan.timeout)
         self._snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
         self.store_listen_fd = store_listen_fd
         self.on_event = on_event
