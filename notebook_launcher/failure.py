@@ -168,7 +168,7 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracke
                 note = " (a consequence: it lost its connection to a failed rank)" if failure.secondary else ""
                 lines.append(f"  rank {rank}: {failure.headline.splitlines()[0][:300]}{note}")
     lines += ["", f"Run log: {run_dir}"]
-    return cell_names("\n".join(lines))
+    return "\n".join(lines)
 
 
 def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq: dict[int, int],
