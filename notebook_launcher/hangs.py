@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from .events import PROGRESS, STREAM
+from .events import PROGRESS, STATUS, STREAM
 from .progress_record import ProgressRecord
 from .stacks import cell_names, innermost_user_frame, user_stack
 
@@ -61,9 +61,9 @@ class StallWatch:
 
     *Progress* is any of: a rank's progress record shows it completed a collective (its ``sequence`` grew, its
     ``inside`` went False, or its ``progressed_at`` moved: Python-level collectives and DDP's own), or a rank sent
-    a ``progress`` event (``report(step=...)``). The quiet time counts from the latest progress, or from the
-    start of the attempt. One notice per stall: after one opens, the next comes only after a "cleared" one.
-    ``warning_s`` None: no watchdog.
+    a ``progress`` event (``report(step=...)``); a rank starting its function (its "running" status) counts too,
+    so that the time the ranks took to start is never taken for a stall. One notice per stall: after one opens,
+    the next comes only after a "cleared" one. ``warning_s`` None: no watchdog.
     """
 
     def __init__(self, warning_s: float | None, hangs: HangWatch, timeout: float | None = None):
@@ -77,7 +77,7 @@ class StallWatch:
 
     def observe(self, event) -> None:
         """Every event of the attempt: ``progress`` reports, and stderr lines while stacks are being dumped."""
-        if event.kind == PROGRESS:
+        if event.kind == PROGRESS or (event.kind == STATUS and event.data.get("state") == "running"):
             self._last_progress = max(self._last_progress, time.monotonic())
         elif self._capture is not None and event.kind == STREAM and event.data.get("stream") == "stderr":
             self._capture.setdefault(event.rank, []).append(str(event.data.get("text", "")))

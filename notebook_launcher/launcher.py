@@ -66,7 +66,8 @@ def notebook_launcher(
       progress for that long while at least one waits in a collective, a ``hang_notice`` event (in the run log,
       ``last_run().events`` and the display) says where every rank is, which one diverged and their Python
       stacks; the run goes on (a slow rank may just be slow) and a second notice says when progress resumes.
-      Progress: a rank completed a collective (its own or DDP's) or called ``report(step=...)``.
+      Progress: a rank completed a collective (its own or DDP's), called ``report(step=...)`` or started its
+      function.
     - ``debug``: debug mode (see ``notebook_launcher.ops``): every collective first checks that the ranks agree
       on operation, shapes and dtypes and raises ``DistributedOperationException`` at once if not. None (the
       default) follows ``ACCELERATE_DEBUG_MODE``, else ``debug:`` in ``config_file`` (else
