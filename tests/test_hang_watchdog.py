@@ -146,6 +146,29 @@ def test_three_ranks_the_diverging_one_is_named_and_the_timeout_still_stops_the_
     assert_only_users_frames(message)
 
 
+def test_a_barrier_against_ddps_gradient_all_reduce_is_caught_by_the_watchdog():
+    """Debug mode's check cannot see DDP's C++ collectives; the watchdog sees both ranks stand still."""
+    def ddp_mismatch():
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(torch.nn.Linear(4, 1))
+        if dist.get_rank() == 1:
+            dist.barrier()  # instead of its step
+        else:
+            model(torch.ones(8, 4)).sum().backward()  # DDP's gradient all_reduce waits for rank 1
+
+    with pytest.raises(LaunchTimeoutError):
+        notebook_launcher(ddp_mismatch, num_processes=2, device="cpu", hang_warning=2, timeout=6, display="text")
+    (opened,) = notices()
+    assert re.fullmatch(r"waiting \d+ s in barrier #\d+ at .*test_hang_watchdog\.py:\d+ in ddp_mismatch",
+                        opened["ranks"]["1"]["text"])
+    # in DDP's collective where the progress record shows DDP's own collectives, else busy in its backward line
+    assert opened["ranks"]["0"]["state"] in ("in_ddp", "busy")
+    assert re.search(r"test_hang_watchdog\.py:\d+ in ddp_mismatch$", opened["ranks"]["0"]["text"])
+    assert "in backward" in opened["stacks"]["0"] and "in barrier" in opened["stacks"]["1"]
+
+
 CELLS = [
     "import time, torch\nfrom notebook_launcher import notebook_launcher, last_run",
     ("def stuck():\n"
