@@ -44,6 +44,10 @@ Kinds of events
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
              ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
              ``{"in_order": n, "skipped": True}`` says the rank's level filtered its record of call n out
+``hang_notice`` data: ``{"state": "open", "quiet_s", "ranks": {rank: {"state": "waiting" | "in_ddp" | "busy" |
+             "finished" | "exited", "text"}}, "diverged": rank | None, "stacks": {rank: text}, "text"}`` or
+             ``{"state": "cleared", "quiet_s", "text"}`` (made by the kernel, rank -1): the stall watchdog saw no
+             rank make progress for ``hang_warning`` seconds while one waits in a collective (``hangs.StallWatch``)
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ AGENT_EVENT = "agent"  # data {"master_port": p} from node 0's agent, {"done": e
 NOTE_EVENT = "note"  # data {"text"}: a line of an agent's own launcher
 NODE_ERROR_EVENT = "node_error"  # data {"type", "message", "traceback"}: the launch on that host ended so
 # never on a rank's own event pipe: the kernel (or an agent) makes these
-KERNEL_ONLY_KINDS = (STREAM, EXIT, LAUNCHER, OOM_RETRY, RESTART, AGENT_EVENT, NOTE_EVENT, NODE_ERROR_EVENT)
+KERNEL_ONLY_KINDS = (STREAM, EXIT, LAUNCHER, OOM_RETRY, RESTART, HANG_NOTICE, AGENT_EVENT, NOTE_EVENT,
+                     NODE_ERROR_EVENT)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
+from .stacks import cell_names, user_stack
 
 _LOST_PEER = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -173,7 +174,8 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracke
 def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq: dict[int, int],
                  timeout: float | None, run_dir: str, timed_out: bool = False) -> str:
     """Which rank diverged, then where every rank was: its collective (name, number, call site, how long) or
-    that it had finished, and its Python stacks. ``timed_out``: the whole run went past ``timeout``."""
+    that it had finished, and its Python stacks (the user's frames: ``stacks.user_stack``; cells named as
+    IPython names them). ``timed_out``: the whole run went past ``timeout``."""
     lines = [f"The run did not finish within timeout={timeout:g} s, so every rank was stopped."] if timed_out else []
     waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")
                and (not timed_out or info["now"] - info["since"] >= LONG_WAIT_S)}
@@ -199,10 +201,11 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
         lines += ["", f"rank {rank}: {_place(hang[rank])}"]
         waiting_or_busy = hang[rank].get("state") == "running"
         dump = tracker.stderr_since(rank, stack_dump_seq[rank]) if waiting_or_busy and rank in stack_dump_seq else []
-        if dump:
-            lines += [f"  Python stacks of rank {rank}:"] + [f"    {text}" for text in dump]
+        stack = user_stack(dump)
+        if stack:
+            lines += [f"  Python stacks of rank {rank}:"] + [f"    {text}" for text in stack.splitlines()]
     lines += ["", f"Run log: {run_dir}"]
-    return "\n".join(lines)
+    return cell_names("\n".join(lines))
 
 
 def _place(info: dict) -> str:

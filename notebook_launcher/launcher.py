@@ -37,6 +37,7 @@ def notebook_launcher(
     device: Literal["auto", "cpu", "cuda", "xla"] = "auto",
     backend: str = "auto",
     timeout: float | None = None,
+    hang_warning: float | None = 30,
     debug: bool | None = None,
     config_file: str | None = None,
     memory_limit: int | str | None = None,
@@ -61,6 +62,12 @@ def notebook_launcher(
     - ``timeout``: seconds; a run still going after it is stopped and a ``LaunchTimeoutError`` shows where every
       rank was (its collective, call site and Python stacks) and which rank diverged. With or without a
       timeout, ranks waiting in a collective 2 s after another rank finished are diagnosed the same way.
+    - ``hang_warning``: seconds (default 30; None turns it off) of the stall watchdog: when no rank has made
+      progress for that long while at least one waits in a collective, a ``hang_notice`` event (in the run log,
+      ``last_run().events`` and the display) says where every rank is, which one diverged and their Python
+      stacks; the run goes on (a slow rank may just be slow) and a second notice says when progress resumes.
+      Progress: a rank completed a collective (its own or DDP's), called ``report(step=...)`` or started its
+      function.
     - ``debug``: debug mode (see ``notebook_launcher.ops``): every collective first checks that the ranks agree
       on operation, shapes and dtypes and raises ``DistributedOperationException`` at once if not. None (the
       default) follows ``ACCELERATE_DEBUG_MODE``, else ``debug:`` in ``config_file`` (else
@@ -121,7 +128,7 @@ def notebook_launcher(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
         max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, start_method=start_method, device=device,
-        backend=backend, timeout=timeout, debug=debug, config_file=config_file, memory_limit=memory_limit,
-        results=results, in_workers=bool(hosts))
+        backend=backend, timeout=timeout, hang_warning=hang_warning, debug=debug, config_file=config_file,
+        memory_limit=memory_limit, results=results, in_workers=bool(hosts))
     settings = HostSettings(hosts, ssh_options, start_hosts_with, mpirun_options) if hosts else None
     return launch(plan, display, settings)

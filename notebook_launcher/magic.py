@@ -24,6 +24,13 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 MAX_RETURN_BYTES = 2**30  # a value bigger than this pickled stays on the ranks
 
 
+def _seconds_or_off(text: str) -> float | None:
+    """``--hang-warning``: a number of seconds, or "off"/"none" for no watchdog."""
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    return float(text)
+
+
 class CellProgram:
     """What each rank runs: the cell's code in a namespace made of the notebook names it uses.
 
@@ -147,6 +154,8 @@ class AccelerateMagics(Magics):
     @argument("--start-method", default="auto", help="auto, fork or spawn")
     @argument("--device", default="auto", help="auto, cpu, cuda or xla")
     @argument("--timeout", type=float, default=None, help="seconds before the run is stopped and diagnosed")
+    @argument("--hang-warning", type=_seconds_or_off, default=30.0, metavar="S",
+              help="seconds without progress (a rank waiting in a collective) before a hang notice; off: none")
     @argument("--port", default="29500", help="master port (a free one is used if it is taken)")
     @argument("--memory-limit", default=None, help="per-worker address-space cap, e.g. 3GB")
     @argument("--text", action="store_true",
@@ -200,7 +209,7 @@ class AccelerateMagics(Magics):
         result = notebook_launcher(
             CellProgram(source, filename, namespace, return_names), num_processes=num_processes,
             mixed_precision=args.mixed_precision, use_port=args.port, start_method=args.start_method,
-            device=device, timeout=args.timeout, debug=True if args.debug else None,
+            device=device, timeout=args.timeout, hang_warning=args.hang_warning, debug=True if args.debug else None,
             memory_limit=args.memory_limit, display="text" if args.text else "auto")
         if not return_names or not isinstance(result, dict):
             return None

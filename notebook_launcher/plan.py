@@ -62,6 +62,7 @@ class LaunchPlan:
     batch_sizes: dict | None = None  # find_executable_batch_size sizes agreed after an out-of-memory restart
     debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
     results: str = "auto"  # which ranks' return values come back (see results.py)
+    hang_warning: float | None = 30.0  # the stall watchdog's quiet seconds before a hang notice; None: off
     in_workers: bool = False  # even one rank in a worker (a launch across hosts: its events carry the result)
 
     @property
@@ -117,7 +118,7 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
               master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
               rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
               start_method="auto", device="auto", backend="auto", timeout=None, debug=None, config_file=None,
-              memory_limit=None, results="auto", in_workers=False) -> LaunchPlan:
+              memory_limit=None, results="auto", hang_warning=30.0, in_workers=False) -> LaunchPlan:
     """Check every argument (the keywords of ``notebook_launcher``) and decide device, backend and start method.
 
     No I/O beyond looking: the port is reserved and the payload pickled by the launch itself."""
@@ -146,6 +147,8 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
                                   f"s: the kernel checks its workers this often; leave the default (0.1 s)")
     if timeout is not None:
         timeout = _positive_number("timeout", timeout)
+    if hang_warning is not None:
+        hang_warning = _positive_number("hang_warning", hang_warning)
     debug = resolve_debug(debug, config_file)
     memory_limit = parse_memory_limit(memory_limit)
     if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
@@ -193,6 +196,7 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
         debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers,
+        hang_warning=hang_warning,
     )
 
 

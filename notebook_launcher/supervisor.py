@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from .demux import CHANNELS, RankDemux
-from .events import EXIT, FAILURE, STATUS, Event, WorkerSpec
+from .events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
 from .handles import WorkerProcess
-from .hangs import HangWatch
+from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
 from .proctree import descendants, descendants_of_each, kill, kill_group, kill_if_same
 from .starters import PIPE_SIZE, make_pipe, starter_for
@@ -60,6 +60,8 @@ class Supervisor:
                  progress_dir: str = ""):
         self.plan = plan
         self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
+        # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
+        self._stall = StallWatch(None if plan.in_workers else plan.hang_warning, self._hangs, plan.timeout)
         self._snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
         self.store_listen_fd = store_listen_fd
         self.on_event = on_event
@@ -184,6 +186,7 @@ class Supervisor:
         self._reap_all_without_pidfd()
         self.on_tick()
         self._check_progress()
+        self._watch_stall()
         now = time.monotonic()
         if now - self._scanned_at >= DESCENDANT_SCAN_S:
             self._note_descendants(now)
@@ -212,14 +215,27 @@ class Supervisor:
         if self._hangs.is_hang(done, time.monotonic()):
             self._stop_with_diagnosis("hang")
 
+    def _watch_stall(self) -> None:
+        """No progress for ``hang_warning`` s while a rank waits in a collective: a ``hang_notice`` with every
+        rank's place and stacks (the run goes on), and another when progress resumes (``hangs.StallWatch``)."""
+        if self._stop_reason is None and self._workers:
+            data = self._stall.check(self._states(), time.monotonic(), self._dump_stacks)
+            if data is not None:
+                self._deliver(Event(rank=-1, seq=0, time=time.monotonic(), kind=HANG_NOTICE, data=data))
+
+    def _states(self) -> dict[int, str]:
+        return {w.rank: "finished" if w.rank in self._finished_ranks else "exited" if not w.alive else "running"
+                for w in self._workers}
+
+    def _dump_stacks(self) -> None:
+        self._request_stack_dumps()
+        self._collect_for(STACK_DUMP_WAIT_S)
+
     def _stop_with_diagnosis(self, reason: str) -> None:
         """Record where every rank is (collective, call site, state), collect its Python stacks, then stop."""
         self._stop_reason = reason  # first: a rank killed by the dump signal is not "the failure"
-        self._snapshot = self._hangs.snapshot({w.rank: "finished" if w.rank in self._finished_ranks else
-                                              "exited" if not w.alive else "running" for w in self._workers},
-                                             time.monotonic())
-        self._request_stack_dumps()
-        self._collect_for(STACK_DUMP_WAIT_S)
+        self._snapshot = self._hangs.snapshot(self._states(), time.monotonic())
+        self._dump_stacks()
         self._stop(reason)
 
     def _collect_for(self, seconds: float) -> None:
@@ -279,6 +295,7 @@ class Supervisor:
     def _deliver(self, event: Event) -> None:
         if self._muted:
             return
+        self._stall.observe(event)
         self.on_event(event)
         if self._stop_reason is None and self._is_fatal(event):
             if event.data.get("all_ranks_raise") and not self._everyone_reported():

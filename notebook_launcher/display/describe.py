@@ -13,11 +13,11 @@ import json
 import logging
 from typing import Any, Callable, NamedTuple
 
-from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, OUTPUT, PROGRESS, RESTART, RESULT,
-                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER)
+from ..events import (BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, OUTPUT, PROGRESS, RESTART,
+                      RESULT, SHAPE_MISMATCH, STATUS, STREAM, TRIGGER)
 
 MAX_DATA_CHARS = 2000  # an unknown kind's data, as JSON, is cut here (the run log has it all)
-LAUNCHER_KINDS = (LAUNCHER, OOM_RETRY, RESTART)  # the launcher's own lines: "notebook_launcher: ...", no rank prefix
+LAUNCHER_KINDS = (LAUNCHER, OOM_RETRY, RESTART, HANG_NOTICE)  # the launcher's own lines: no rank prefix
 STDERR_KINDS = ("stderr", FAILURE, EXIT)  # descriptions whose lines go to stderr: a rank's stderr, failures, kills
 
 
@@ -164,8 +164,15 @@ def _restart(data: dict, rank: int | None) -> Description:
                        () if data.get("reason") == "out of memory" else (launcher_line(text),))
 
 
+def _hang_notice(data: dict, rank: int | None) -> Description:
+    """The stall watchdog's notice: its block of text as it is (the first line is the row)."""
+    text = str(data.get("text") or "")
+    lines = tuple(text.splitlines())
+    return Description(HANG_NOTICE, "", 0, first_line(text), text if len(lines) > 1 else "", lines)
+
+
 _KINDS: dict[str, Callable[[dict, Any], Description | None]] = {
     STREAM: _stream, OUTPUT: _output, LOG: _log, FAILURE: _failure, EXIT: _exit, STATUS: _status, RESULT: _result,
     LAUNCHER: _launcher, PROGRESS: _progress, SHAPE_MISMATCH: _shape_mismatch, TRIGGER: _trigger,
-    BATCH_SIZE: _batch_size, OOM_RETRY: _oom_retry, RESTART: _restart,
+    BATCH_SIZE: _batch_size, OOM_RETRY: _oom_retry, RESTART: _restart, HANG_NOTICE: _hang_notice,
 }
