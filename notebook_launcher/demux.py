@@ -8,6 +8,7 @@ lines before it are kept.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Iterator
 
@@ -16,6 +17,8 @@ from .events import CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, OUTPUT, ST
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
+_DUMP_HEADER = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+_DUMP_LINE = re.compile(r'  (File ".*", line \d+ in .*|<no Python frame>|\.\.\.)$')
 STREAMS = ("stdout", "stderr")
 
 
@@ -35,6 +38,7 @@ class RankDemux:
         self._broken_reported = False
         self._fd_lines: dict[str, LineSplitter] = {stream: LineSplitter() for stream in STREAMS}
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
+        self._dump: str | None = None  # None | "expected" | "in": a faulthandler dump the kernel asked for
 
     def feed(self, channel: str, chunk: bytes) -> Iterator[Event]:
         """The events in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the channel's end (EOF)."""
@@ -57,12 +61,31 @@ class RankDemux:
                 "type": TRUNCATED_EVENT, "message": f"{decoder.pending_bytes} bytes of an unfinished event "
                 "(the worker died while writing it)", "traceback": "", "exit_code": None})
 
+    def expect_stack_dump(self) -> None:
+        """The kernel asked for this rank's stacks: the faulthandler dump coming on stderr is marked
+        ``stack_dump`` (the displays leave it out and show the stacks cleaned in the notice or the message;
+        the run log keeps it)."""
+        self._dump = "expected"
+
     def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event]:
         splitter = self._fd_lines[stream]
         lines = splitter.feed(chunk) if chunk else splitter.finish()
         for line in lines:
-            yield self.event(STREAM, {"stream": stream, "text": line})
+            data = {"stream": stream, "text": line}
+            if stream == "stderr" and self._dump and self._in_dump(line):
+                data["stack_dump"] = True
+            yield self.event(STREAM, data)
         yield from self._redraw(stream, splitter)
+
+    def _in_dump(self, line: str) -> bool:
+        if _DUMP_HEADER.match(line):
+            self._dump = "in"
+            return True
+        if self._dump == "in" and (not line or _DUMP_LINE.match(line)):
+            return True
+        if self._dump == "in":
+            self._dump = None  # the dump is over: later lines are the rank's own
+        return False
 
     def _from_frame(self, header: dict, attachment) -> Iterator[Event]:
         header["rank"] = self.rank  # the pipe says who wrote it

@@ -356,6 +356,7 @@ class Supervisor:
         for worker in self._workers:
             if worker.alive:
                 self._stack_dump_seq[worker.rank] = self._demux[worker.rank].seq
+                self._demux[worker.rank].expect_stack_dump()
                 try:
                     os.kill(worker.pid, signal.SIGUSR1)
                 except ProcessLookupError:

@@ -60,3 +60,21 @@ def test_an_event_cut_short_at_the_pipes_end_is_a_truncated_event_failure():
     events += demux.feed("events", b"")
     assert [e.kind for e in events] == [LOG, FAILURE]
     assert events[1].data["type"] == TRUNCATED_EVENT and events[1].data["message"].startswith("40 bytes of an unfinished event")
+
+
+DUMP = (b'Current thread 0x00007f0000000001 (most recent call first):\n'
+        b'  File "/x/train.py", line 12 in step\n  File "/x/train.py", line 30 in main\n\n'
+        b'Thread 0x00007f0000000002 (most recent call first):\n  <no Python frame>\n')
+
+
+def test_a_stack_dump_the_kernel_asked_for_is_marked_and_the_ranks_own_lines_are_not():
+    demux = RankDemux(rank=0)
+    events = list(demux.feed("stderr", DUMP))  # not asked for: a rank may print such lines itself
+    assert not [e for e in events if e.data.get("stack_dump")]
+    demux.expect_stack_dump()
+    events = list(demux.feed("stderr", b"a warning first\n" + DUMP + b"the rank's own line after\n"))
+    marked = [e.data["text"] for e in events if e.data.get("stack_dump")]
+    assert marked == [line.decode() for line in DUMP.split(b"\n")[:-1]]
+    assert [e.data["text"] for e in events if not e.data.get("stack_dump")] == ["a warning first",
+                                                                              "the rank's own line after"]
+    assert not list(demux.feed("stderr", DUMP))[0].data.get("stack_dump")  # one dump per request

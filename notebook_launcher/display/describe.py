@@ -72,7 +72,8 @@ def number(value: Any) -> str:
 
 def _stream(data: dict, rank: int | None) -> Description:
     text = str(data.get("text", ""))
-    return _new(Description, (data.get("stream") or "stdout", "", 0, text, "", (text,)))
+    said = () if data.get("stack_dump") else (text,)  # (a dump the kernel asked for: shown cleaned elsewhere)
+    return _new(Description, (data.get("stream") or "stdout", "", 0, text, "", said))
 
 
 def _output(data: dict, rank: int | None) -> Description:

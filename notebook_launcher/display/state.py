@@ -140,8 +140,8 @@ class RunState:
     def _on_stream(self, event: Event) -> None:
         text = str(event.data.get("text", ""))
         is_bar = "|" in text and self._tqdm_progress(event, text)
-        if event.data.get("redraw"):
-            return  # a line being redrawn: at most the rank's progress; its final state arrives as a line
+        if event.data.get("redraw") or event.data.get("stack_dump"):
+            return  # a line being redrawn (its final state arrives as a line), or stacks the notice shows
         if not is_bar or text.strip():
             self._add_line(event, event.data.get("stream", "stdout"), text)
 
