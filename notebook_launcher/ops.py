@@ -228,6 +228,14 @@ class _collective:
         return False
 
 
+def set_inside(inside: bool) -> bool:
+    """Mark this thread as inside a collective recorded elsewhere (DDP's, by ``ddp_watch``): the raw collectives
+    it calls meanwhile are neither recorded nor checked. Returns the previous mark, to restore."""
+    outer = getattr(_state, "inside", False)
+    _state.inside = inside
+    return outer
+
+
 def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False,
                     detail: int = 0):
     """One all_gather of a fixed-size integer row per rank; raises DistributedOperationException on every rank

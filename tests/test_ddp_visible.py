@@ -1,0 +1,167 @@
+"""DDP's own collectives (the reducer's gradient all_reduce, run in C++) are in the rank's progress record: a
+hang inside DDP's backward names DDP, the step and the user's line; DDP's numbers and a user's comm hook are
+unchanged by it."""
+
+import os
+
+import psutil
+import pytest
+import torch
+
+from notebook_launcher import LaunchTimeoutError, last_run, notebook_launcher
+
+
+@pytest.fixture(autouse=True)
+def no_debug_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("ACCELERATE_DEBUG_MODE", raising=False)
+    monkeypatch.delenv("NOTEBOOK_LAUNCHER_DDP_WATCH", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.BatchNorm1d(16),
+                               torch.nn.Linear(16, 4))
+
+
+def _train(steps=4, hook=None):
+    """A few DDP steps on rank-dependent data; the final weights, and whether the record saw DDP."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    model = DistributedDataParallel(_model(), bucket_cap_mb=0.0001)  # several buckets
+    calls = []
+    if hook is not None:
+        def user_hook(state, bucket):
+            calls.append(bucket.index())
+            return hook(state, bucket)
+
+        model.register_comm_hook(None, user_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 8, generator=generator)).square().mean().backward()
+        optimizer.step()
+    return {"weights": [p.detach().clone() for p in model.parameters()], "hook_calls": len(calls),
+            "watched": ddp_watch._progress is not None and ddp_watch.enabled()}
+
+
+def test_ddp_numbers_are_those_of_plain_ddp(monkeypatch):
+    watched = notebook_launcher(_train, num_processes=2, device="cpu", timeout=120)
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_DDP_WATCH", "0")
+    plain = notebook_launcher(_train, num_processes=2, device="cpu", timeout=120)
+    assert watched["watched"] and not plain["watched"]
+    assert all(torch.equal(a, b) for a, b in zip(watched["weights"], plain["weights"]))
+    assert not all(torch.equal(a, b) for a, b in zip(watched["weights"], _model().parameters()))  # it trained
+
+
+def _zero_gradients(state, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook(None, bucket).then(lambda future: future.value() * 0)
+
+
+def _train_with_a_zeroing_hook():
+    return _train(steps=3, hook=_zero_gradients)
+
+
+def test_a_users_comm_hook_runs_and_its_result_is_used():
+    result = notebook_launcher(_train_with_a_zeroing_hook, num_processes=2, device="cpu", timeout=120)
+    assert result["hook_calls"] >= 3 * 2  # every bucket of every step went through it
+    initial = list(_model().parameters())
+    assert all(torch.equal(a, b) for a, b in zip(result["weights"], initial))  # gradients of zero: unchanged
+
+
+def _leaves_the_loop_early():
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    for step in range(5):
+        if dist.get_rank() == 1 and step == 3:
+            return "left"  # rank 1 leaves early: rank 0 waits in DDP's all_reduce of its 4th backward
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()  # the line the record names
+    return "done"
+
+
+def test_a_rank_waiting_inside_ddps_backward_is_named_with_its_step_and_line():
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(_leaves_the_loop_early, num_processes=2, device="cpu", timeout=60)
+    message = str(caught.value)
+    line = _leaves_the_loop_early.__code__.co_firstlineno + 9
+    assert message.startswith("The ranks stopped making progress: rank 1 had finished its function (last "
+                              "collective: DDP gradient all_reduce #4 at")  # #1: DDP(...)'s broadcast
+    assert (f"rank 0: waiting" in message
+            and f"in DDP gradient all_reduce #5 at {__file__}:{line} in _leaves_the_loop_early" in message)
+    assert last_run().status == "hung"
+    assert psutil.Process().children(recursive=True) == []
+
+
+def _blocked_in_backward_while_the_other_waits_at_a_barrier():
+    import time
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    if dist.get_rank() == 1:
+        time.sleep(60)  # busy in its own code: rank 0's backward waits for it
+    model(torch.ones(2, 4)).sum().backward()
+
+
+def test_at_the_timeout_a_rank_in_ddps_backward_is_shown_waiting_there():
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(_blocked_in_backward_while_the_other_waits_at_a_barrier, num_processes=2, device="cpu",
+                          timeout=6)
+    message = str(caught.value)
+    assert "rank 1 is not in any collective: busy or stuck in its own code" in message
+    assert "rank 0: waiting" in message and "in DDP gradient all_reduce #2 at" in message
+    assert os.path.basename(__file__) in message
+
+
+def _records_while_training():
+    """The rank's own record (what the kernel reads), inside DDP's backward (from a user's comm hook, which
+    runs inside ours), after a forward and after each backward."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    record = ddp_watch._progress
+    seen = {"constructed": None, "in_backward": [], "after_forward": [], "after_backward": []}
+
+    def reading_hook(state, bucket):
+        seen["in_backward"].append(record.read())
+        return allreduce_hook(None, bucket)
+
+    model = DistributedDataParallel(_model())
+    seen["constructed"] = record.read()
+    model.register_comm_hook(None, reading_hook)
+    for _ in range(3):
+        output = model(torch.randn(8, 8))
+        seen["after_forward"].append(record.read())
+        output.sum().backward()
+        seen["after_backward"].append(record.read())
+    return seen
+
+
+def test_the_record_holds_ddps_collective_step_line_and_progress():
+    seen = notebook_launcher(_records_while_training, num_processes=2, device="cpu", timeout=120)
+    lines = {name: _records_while_training.__code__.co_firstlineno + offset
+             for name, offset in (("construct", 15), ("forward", 19), ("backward", 21))}
+    where = f"{__file__}:{{}} in _records_while_training"
+    constructed = seen["constructed"]
+    assert constructed["operation"] == "DDP parameter broadcast" and not constructed["inside"]
+    assert constructed["call_site"] == where.format(lines["construct"])
+    for step, (forward, inside, after) in enumerate(zip(seen["after_forward"], seen["in_backward"],
+                                                        seen["after_backward"]), start=1):
+        assert forward["operation"] == "DDP buffer broadcast" and forward["step"] == step  # BatchNorm's buffers
+        assert forward["call_site"] == where.format(lines["forward"])
+        assert inside["inside"] and inside["operation"] == "DDP gradient all_reduce" and inside["step"] == step
+        assert inside["call_site"] == where.format(lines["backward"])
+        assert not after["inside"] and after["step"] == step and after["sequence"] == inside["sequence"]
+        assert after["progressed_at"] >= after["since"] > 0
