@@ -2,43 +2,46 @@
 
 ``torch.nn.parallel.DistributedDataParallel`` runs its collectives in C++ (the reducer's gradient all_reduce in
 backward, the buffer broadcast in forward), out of sight of the Python-level hooks of ``ops.connect``. In a
-launched worker, ``connect(progress)`` makes every DDP model report them:
+launched worker, ``connect(progress)`` makes every DDP model made afterwards report them, without changing what
+DDP computes or how:
 
-- **Gradients**: each model gets a communication hook (registered at its first forward, unless one was
-  registered before). The hook does exactly what DDP does without one: torch's own
-  ``default_hooks.allreduce_hook`` (divide by the world size, then all_reduce; the same numbers as DDP's
-  built-in path). At the first bucket of a backward it records ``"DDP gradient all_reduce"``, the model's
-  step and the user's line (the first frame outside torch and this package: their ``loss.backward()``; where
-  backward runs on another thread, as on CUDA, the line of the last ``model(x)``); when every bucket's
-  future has completed it records the leave and ``progressed_at``. ``step`` counts the model's synchronized
-  backward passes (1 for the first; ``no_sync()`` passes do not count).
-- **A user's own hook** (``model.register_comm_hook(state, hook)``, before or after the first forward) keeps
-  working: it replaces torch's allreduce inside ours, so their hook computes the result DDP uses and the
-  record still shows the collective. Registering twice fails as in torch. A built-in C++ hook
-  (``_register_builtin_comm_hook``, registered before the first forward) and DDP's ``mixed_precision`` keep
-  their own hook: that model's gradients are then not recorded. So is a model under ``join()`` that divides
-  by the number of ranks still active (``divide_by_initial_world_size=False``), which only DDP's built-in
-  path knows.
+- **Gradients**: after a forward that will synchronize gradients, a hook on the output's gradient marks the
+  start of that backward: the record says ``"DDP gradient all_reduce"``, the model's step and the user's line
+  (the first frame outside torch and this package: their ``loss.backward()``; where backward runs on another
+  thread, as on CUDA, the line of the model's forward). Two callbacks queued on the autograd engine mark the
+  end: the second runs after DDP's own ``finalize_backward``, which waits for every bucket's all_reduce, and
+  records the leave and ``progressed_at``. So a rank is "inside" from the start of its backward through the
+  model until DDP has all the averaged gradients; blocked there, the record says so. ``step`` counts the
+  model's synchronized backward passes (1 for the first; ``no_sync()`` passes do not count).
+- **A comm hook** (``model.register_comm_hook``, built-in hooks, ``mixed_precision``): DDP calls it as it
+  would and uses its result; the record covers the backward around it. A Python hook is registered wrapped
+  in a function of the same name and signature that marks the raw collectives it calls (such as
+  ``allreduce_hook``'s all_reduce) as inside DDP's, so they are neither recorded nor checked on their own
+  and the record keeps saying where the rank waits. (A Python comm hook of our own was the other way to see
+  the buckets; torch's ``allreduce_hook`` alone makes a small model's step ~13% slower than DDP's C++
+  path.)
 - **Buffers**: DDP's buffer broadcast (models with buffers, e.g. BatchNorm) is recorded as
   ``"DDP buffer broadcast"`` around ``_sync_buffers``, at the user's ``model(x)`` line, with the step of the
   backward to come.
 - **Construction**: ``DistributedDataParallel(model)`` checks the parameters' shapes across ranks and
-  broadcasts rank 0's parameters and buffers: recorded as ``"DDP parameter broadcast"`` (step 0) at the
-  user's line.
+  broadcasts rank 0's parameters and buffers: ``"DDP parameter broadcast"`` (step 0) at the user's line.
+- **Uneven inputs**: a rank that has joined (``with model.join():``) and shadows the others' collectives is
+  in ``"DDP join"`` while it does.
 
-Collectives torch.distributed runs from Python inside these (e.g. the all_reduce in ``allreduce_hook``) are
-not recorded or checked again by ``ops``. ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the worker's
-environment (set it before the launch) leaves DDP untouched.
+The raw torch.distributed collectives DDP runs from Python inside these are not recorded or checked again by
+``ops``. ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP
+untouched.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import threading
 
+import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _DDPJoinHook
 
 from .ops import call_site, set_inside
 
@@ -46,9 +49,10 @@ ENV_VAR = "NOTEBOOK_LAUNCHER_DDP_WATCH"
 GRADIENTS = "DDP gradient all_reduce"
 BUFFERS = "DDP buffer broadcast"
 PARAMETERS = "DDP parameter broadcast"
+JOIN = "DDP join"
 _ATTRIBUTE = "_notebook_launcher_watch"
 _OFF_VALUES = ("0", "false", "no", "off", "n", "f")
-_PATCHED = ("__init__", "register_comm_hook", "_register_builtin_comm_hook", "_sync_buffers")
+_engine = torch.autograd.Variable._execution_engine
 _originals: dict = {}
 _progress = None  # the rank's ProgressRecord, set by connect()
 
@@ -65,142 +69,124 @@ def connect(progress) -> bool:
         return False
     _progress = progress
     if not _originals:
-        _originals.update({name: DistributedDataParallel.__dict__[name] for name in _PATCHED})
-        for name, replacement in zip(_PATCHED, (_init, _register_comm_hook, _register_builtin, _sync_buffers)):
-            setattr(DistributedDataParallel, name, replacement)
+        for owner, name, replacement in _PATCHES:
+            _originals[name] = owner.__dict__[name]
+            setattr(owner, name, replacement)
     return True
 
 
 def disconnect() -> None:
-    """DDP as torch has it (models already made keep their hook)."""
+    """DDP as torch has it; models made while connected record nothing more."""
     global _progress
-    for name, original in _originals.items():
-        setattr(DistributedDataParallel, name, original)
-    _originals.clear()
+    for owner, name, _ in _PATCHES:
+        if name in _originals:
+            setattr(owner, name, _originals.pop(name))
     _progress = None
 
 
 class _Watch:
-    """One DDP model's side of the record: its step, the buckets in flight, the hook inside ours (if any)."""
+    """One DDP model's side of the record: its step, and whether a synchronized backward is to come."""
 
-    __slots__ = ("process_group", "inner", "state", "registered", "off", "step", "in_step", "pending",
-                 "lock", "forward_site", "first_forward")
+    __slots__ = ("step", "armed", "forward_site")
 
     def __init__(self, model):
-        self.process_group = model.process_group
-        self.inner = self.state = None  # a user's hook and its state, run instead of allreduce_hook
-        self.registered = False  # ours is the reducer's comm hook
-        self.off = bool(model._comm_hooks)  # a hook (mixed_precision's) was registered in __init__
-        self.step = self.pending = 0
-        self.in_step = False  # between a backward's first bucket and its last
-        self.lock = threading.Lock()  # the buckets' futures complete on the backend's threads
-        # backward runs on the calling thread for CPU models: its frames name the user's line; else the forward's
+        self.step = 0
+        self.armed = False  # a forward that will synchronize gradients ran; its backward has not started
+        # backward runs on the calling thread for CPU models, where its frames name the user's line
         self.forward_site = "?" if any(p.device.type != "cpu" for p in model.parameters()) else ""
-        self.first_forward = model.register_forward_pre_hook(self.before_forward, prepend=True)
 
-    def before_forward(self, model, inputs):
-        if self.first_forward is not None:
-            self.first_forward.remove()
-            self.first_forward = None
-            config = model._join_config
-            if config.enable and not config.divide_by_initial_world_size:
-                self.off = True  # DDP's divisor is then the number of ranks still active: only C++ knows it
-            if not self.off and not self.registered:
-                self.register(model)
-            if self.forward_site:  # not a CPU model: keep the forward's line for the backward
-                model.register_forward_pre_hook(self.remember_site, prepend=True)
-                self.remember_site(model, inputs)
+    def after_forward(self, model, output) -> None:
+        if not (model.require_backward_grad_sync and torch.is_grad_enabled()):
+            return  # no_sync(), eval: no collective in backward
+        tensors = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) \
+            else (output,)
+        hooked = False
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(self.backward_starts)
+                hooked = True
+        self.armed = hooked
+        if hooked and self.forward_site:
+            self.forward_site = call_site()
 
-    def remember_site(self, model, inputs):
-        self.forward_site = call_site()
-
-    def register(self, model) -> None:
-        dist._register_comm_hook(model.reducer, self, _watched_hook)
-        self.registered = True
-
-    def completed(self, future) -> None:
-        with self.lock:
-            self.pending -= 1
-            done = self.pending == 0 and not self.in_step
-        if done:
-            _progress.leave()
-
-    def abandon(self) -> None:
-        """A hook raised: the backward is over, whatever DDP does next."""
-        with self.lock:
-            self.pending, self.in_step = 0, False
-        _progress.leave()
-
-
-def _watched_hook(watch: _Watch, bucket):
-    """The comm hook of a watched model: records the collective, then torch's allreduce_hook or the user's."""
-    if not watch.in_step:
-        watch.step += 1
+    def backward_starts(self, grad) -> None:
+        if not self.armed:
+            return  # another output of the same forward
+        self.armed = False
+        self.step += 1
         site = call_site()
-        _progress.enter(GRADIENTS, site if site != "?" or not watch.forward_site else watch.forward_site,
-                        watch.step)
-    with watch.lock:
-        watch.pending += 1
-        watch.in_step = not bucket.is_last()
-    outer = set_inside(True)
-    try:
-        if watch.inner is None:
-            future = allreduce_hook(watch.process_group, bucket)
-        else:
-            future = watch.inner(watch.state, bucket)
-    except BaseException:
-        watch.abandon()
-        raise
-    finally:
-        set_inside(outer)
-    future.add_done_callback(watch.completed)
-    return future
+        _progress.enter(GRADIENTS, self.forward_site if site == "?" and self.forward_site else site, self.step)
+        _engine.queue_callback(_after_ddp)  # runs before DDP's finalize_backward, queued later...
+
+
+def _after_ddp() -> None:
+    _engine.queue_callback(_progress.leave)  # ...so this one runs after it: every bucket is reduced then
 
 
 def _init(self, *args, **kwargs):
     if _progress is None or not dist.is_initialized():
         return _originals["__init__"](self, *args, **kwargs)
-    _progress.enter(PARAMETERS, call_site())
-    outer = set_inside(True)
-    try:
+    with _Inside(PARAMETERS, 0):
         _originals["__init__"](self, *args, **kwargs)
-    finally:
-        set_inside(outer)
-        _progress.leave()
     self.__dict__[_ATTRIBUTE] = _Watch(self)
 
 
 def _register_comm_hook(self, state: object, hook) -> None:
-    watch = self.__dict__.get(_ATTRIBUTE)
-    if watch is None or watch.off:
+    if _progress is None or not callable(hook):
         return _originals["register_comm_hook"](self, state, hook)
-    if watch.inner is not None:
-        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
-    # what DDP's own register_comm_hook does, but the reducer's hook stays ours, with the user's inside
-    self._check_comm_hook(hook)
-    self.logger._set_comm_hook_name(hook.__qualname__)
-    self._comm_hooks.append((hook, state))
-    watch.inner, watch.state = hook, state
-    if not watch.registered:
-        watch.register(self)
+
+    @functools.wraps(hook)  # DDP checks the hook's name and signature
+    def inside_ddp(state, bucket):
+        outer = set_inside(True)
+        try:
+            return hook(state, bucket)
+        finally:
+            set_inside(outer)
+
+    return _originals["register_comm_hook"](self, state, inside_ddp)
 
 
-def _register_builtin(self, comm_hook_type):
+def _post_forward(self, output):
+    output = _originals["_post_forward"](self, output)
     watch = self.__dict__.get(_ATTRIBUTE)
-    if watch is not None and not watch.registered:
-        watch.off = True  # C++'s own hook: nothing of ours can run inside it
-    return _originals["_register_builtin_comm_hook"](self, comm_hook_type)
+    if watch is not None and _progress is not None:
+        watch.after_forward(self, output)
+    return output
 
 
 def _sync_buffers(self):
-    if _progress is None or self.__dict__.get(_ATTRIBUTE) is None:
+    watch = self.__dict__.get(_ATTRIBUTE)
+    if watch is None or _progress is None:
         return _originals["_sync_buffers"](self)
-    watch = self.__dict__[_ATTRIBUTE]
-    _progress.enter(BUFFERS, call_site(), watch.step + 1)  # before the backward of the coming step
-    outer = set_inside(True)
-    try:
+    with _Inside(BUFFERS, watch.step + 1):  # before the backward of the coming step
         return _originals["_sync_buffers"](self)
-    finally:
-        set_inside(outer)
-        _progress.leave()
 
+
+def _join_main_hook(self):
+    watch = self.ddp.__dict__.get(_ATTRIBUTE)
+    if watch is None or _progress is None:
+        return _originals["main_hook"](self)
+    with _Inside(JOIN, watch.step):
+        return _originals["main_hook"](self)
+
+
+class _Inside:
+    """In one of DDP's collectives (run from Python): recorded at the user's line; the raw collectives it
+    calls are not recorded again."""
+
+    def __init__(self, operation: str, step: int):
+        self.operation, self.step = operation, step
+
+    def __enter__(self):
+        _progress.enter(self.operation, call_site(), self.step)
+        self.outer = set_inside(True)
+
+    def __exit__(self, *exc_info):
+        set_inside(self.outer)
+        _progress.leave()
+        return False
+
+
+_PATCHES = ((DistributedDataParallel, "__init__", _init), (DistributedDataParallel, "_post_forward", _post_forward),
+            (DistributedDataParallel, "register_comm_hook", _register_comm_hook),
+            (DistributedDataParallel, "_sync_buffers", _sync_buffers), (_DDPJoinHook, "main_hook", _join_main_hook))

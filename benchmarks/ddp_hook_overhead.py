@@ -1,0 +1,116 @@
+"""What recording DDP's collectives costs per training step: plain DDP vs DDP watched by ``ddp_watch``.
+
+A small model (Linear(256, 256) x 3 with ReLUs, batch 32, SGD) on 2 CPU ranks (gloo), in workers of
+``notebook_launcher``. Each rank builds the same model twice: once as plain DDP (made while ``ddp_watch`` is
+disconnected: torch's built-in C++ allreduce, nothing recorded) and once watched (our comm hook around torch's
+``allreduce_hook``, the record updated at every backward). The two alternate in blocks of steps in the same
+processes, so load changes hit both alike; a block's time per step is its total over its steps.
+
+Run: ``.venv/bin/python benchmarks/ddp_hook_overhead.py [launches]``. Prints µs per step (median over blocks,
+ranks and launches), the watched / plain ratio (median and spread over the block pairs), and writes
+benchmarks/results/ddp_hook_overhead.json. Aim: ratio ≤ 1.02.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import statistics
+import sys
+import time
+
+import torch
+from common import HERE, write_json
+
+from notebook_launcher import last_run, notebook_launcher
+
+LAUNCHES = 2
+BLOCKS = 30  # block pairs per launch
+STEPS = 40  # steps per block
+WARMUP = 30
+WORLD = 2
+RESULTS = os.path.join(HERE, "results", "ddp_hook_overhead.json")
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                               torch.nn.ReLU(), torch.nn.Linear(256, 256))
+
+
+def _pairs(blocks: int, steps: int) -> list[tuple[float, float]]:
+    """In a worker: (plain, watched) µs per step for each block pair."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    record = ddp_watch._progress
+    ddp_watch.disconnect()
+    plain = DistributedDataParallel(_model())
+    ddp_watch.connect(record)
+    watched = DistributedDataParallel(_model())
+    inputs = torch.randn(32, 256, generator=torch.Generator().manual_seed(dist.get_rank()))
+    runs = []
+    for model in (plain, watched):
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step(model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            model(inputs).square().mean().backward()
+            optimizer.step()
+
+        runs.append(step)
+
+    def block(step) -> float:
+        dist.barrier()  # both ranks start the block together
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - started) / steps * 1e6
+
+    for step in runs:
+        for _ in range(WARMUP):
+            step()
+    pairs = []
+    for index in range(blocks):
+        first, second = (0, 1) if index % 2 == 0 else (1, 0)  # alternate which goes first
+        times = {first: block(runs[first]), second: block(runs[second])}
+        pairs.append((times[0], times[1]))
+    runs[1]()
+    seen = record.read()  # the watched model was recorded, the plain one not
+    assert seen["operation"] == "DDP gradient all_reduce" and seen["step"] == WARMUP + blocks * steps + 1
+    return pairs
+
+
+def main() -> None:
+    launches = int(sys.argv[1]) if len(sys.argv) > 1 else LAUNCHES
+    os.environ.pop("NOTEBOOK_LAUNCHER_DDP_WATCH", None)
+    pairs = []
+    for _ in range(launches):
+        with contextlib.redirect_stdout(io.StringIO()):
+            notebook_launcher(_pairs, args=(BLOCKS, STEPS), num_processes=WORLD, device="cpu")
+        for rank_pairs in last_run().results.values():
+            pairs += rank_pairs
+    plain = statistics.median(p for p, _ in pairs)
+    watched = statistics.median(w for _, w in pairs)
+    ratios = sorted(w / p for p, w in pairs)
+    quartiles = statistics.quantiles(ratios, n=4)
+    print(f"µs per step, Linear(256,256)x3, batch 32, {WORLD} CPU ranks (gloo): {launches} launches x "
+          f"{BLOCKS} block pairs x {STEPS} steps, per rank")
+    print(f"  plain DDP             {plain:9.1f}")
+    print(f"  DDP watched (ours)    {watched:9.1f}")
+    print(f"  ratio of the medians  {watched / plain:9.3f}x")
+    print(f"  ratio per block pair  median {statistics.median(ratios):.3f}x, quartiles {quartiles[0]:.3f}x-"
+          f"{quartiles[2]:.3f}x, min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x")
+    aim = statistics.median(ratios) <= 1.02
+    print(f"aim: watched / plain <= 1.02: {'met' if aim else 'NOT met'}")
+    write_json(RESULTS, {"us_per_step_median": {"plain": plain, "watched": watched},
+                         "ratio_of_medians": watched / plain, "ratio_per_pair_median": statistics.median(ratios),
+                         "ratio_quartiles": [quartiles[0], quartiles[2]], "pairs": pairs})
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
