@@ -165,3 +165,33 @@ def test_the_record_holds_ddps_collective_step_line_and_progress():
         assert inside["call_site"] == where.format(lines["backward"])
         assert not after["inside"] and after["step"] == step and after["sequence"] == inside["sequence"]
         assert after["progressed_at"] >= after["since"] > 0
+
+
+def _uneven_inputs_under_join():
+    """Rank 1 has fewer batches; under model.join() it shadows rank 0's last gradient all_reduces."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    operations = []
+
+    def noting_hook(state, bucket):
+        operations.append(ddp_watch._progress.read()["operation"])
+        return allreduce_hook(None, bucket)
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    model.register_comm_hook(None, noting_hook)
+    with model.join():
+        for _ in range(5 if dist.get_rank() == 0 else 3):
+            model(torch.ones(2, 4)).sum().backward()
+    return {"operations": operations, "weight": model.module.weight.detach().clone()}
+
+
+def test_a_rank_that_joined_early_is_in_ddp_join_while_it_shadows_the_others():
+    notebook_launcher(_uneven_inputs_under_join, num_processes=2, device="cpu", timeout=120)
+    results = last_run().results
+    assert results[0]["operations"] == ["DDP gradient all_reduce"] * 5
+    assert results[1]["operations"] == ["DDP gradient all_reduce"] * 3 + ["DDP join"] * 2
+    assert torch.equal(results[0]["weight"], results[1]["weight"])
