@@ -87,15 +87,18 @@ def disconnect() -> None:
 class _Watch:
     """One DDP model's side of the record: its step, and whether a synchronized backward is to come."""
 
-    __slots__ = ("step", "armed", "forward_site")
+    __slots__ = ("step", "armed", "open", "forward_site")
 
     def __init__(self, model):
         self.step = 0
         self.armed = False  # a forward that will synchronize gradients ran; its backward has not started
+        self.open = False  # its backward started and has not ended (a backward that raised never ends)
         # backward runs on the calling thread for CPU models, where its frames name the user's line
         self.forward_site = "?" if any(p.device.type != "cpu" for p in model.parameters()) else ""
 
     def after_forward(self, model, output) -> None:
+        if self.open:  # the last backward raised (its callbacks never ran): it is over all the same
+            self.finish()
         if not (model.require_backward_grad_sync and torch.is_grad_enabled()):
             return  # no_sync(), eval: no collective in backward
         tensors = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) \
@@ -116,11 +119,15 @@ class _Watch:
         self.step += 1
         site = call_site()
         _progress.enter(GRADIENTS, self.forward_site if site == "?" and self.forward_site else site, self.step)
-        _engine.queue_callback(_after_ddp)  # runs before DDP's finalize_backward, queued later...
+        self.open = True
+        _engine.queue_callback(self.after_ddp_queued)  # runs before DDP's finalize_backward, queued later...
 
+    def after_ddp_queued(self) -> None:
+        _engine.queue_callback(self.finish)  # ...so this one runs after it: every bucket is reduced then
 
-def _after_ddp() -> None:
-    _engine.queue_callback(_progress.leave)  # ...so this one runs after it: every bucket is reduced then
+    def finish(self) -> None:
+        self.open = False
+        _progress.leave()
 
 
 def _init(self, *args, **kwargs):

@@ -195,3 +195,24 @@ def test_a_rank_that_joined_early_is_in_ddp_join_while_it_shadows_the_others():
     assert results[0]["operations"] == ["DDP gradient all_reduce"] * 5
     assert results[1]["operations"] == ["DDP gradient all_reduce"] * 3 + ["DDP join"] * 2
     assert torch.equal(results[0]["weight"], results[1]["weight"])
+
+
+def _no_sync_then_sync():
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    steps = []
+    for _ in range(2):
+        with model.no_sync():  # gradient accumulation: no collective, not a DDP step
+            model(torch.ones(2, 4)).sum().backward()
+        steps.append(ddp_watch._progress.read()["step"])
+        model(torch.ones(2, 4)).sum().backward()
+        steps.append(ddp_watch._progress.read()["step"])
+    return steps
+
+
+def test_steps_count_the_backward_passes_that_synchronize():
+    assert notebook_launcher(_no_sync_then_sync, num_processes=2, device="cpu", timeout=120, debug=True) == \
+        [0, 1, 1, 2]  # (debug mode on: DDP runs as usual there too)
