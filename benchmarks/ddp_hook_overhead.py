@@ -25,7 +25,7 @@ from common import HERE, write_json
 
 from notebook_launcher import last_run, notebook_launcher
 
-LAUNCHES = 2
+LAUNCHES = 3
 BLOCKS = 30  # block pairs per launch
 STEPS = 40  # steps per block
 WARMUP = 30
