@@ -18,7 +18,7 @@ DDP computes or how:
   in a function of the same name and signature that marks the raw collectives it calls (such as
   ``allreduce_hook``'s all_reduce) as inside DDP's, so they are neither recorded nor checked on their own
   and the record keeps saying where the rank waits. (A Python comm hook of our own was the other way to see
-  the buckets; torch's ``allreduce_hook`` alone makes a small model's step ~13% slower than DDP's C++
+  the buckets; torch's ``allreduce_hook`` alone made a small model's step ~13% slower than DDP's C++
   path.)
 - **Buffers**: DDP's buffer broadcast (models with buffers, e.g. BatchNorm) is recorded as
   ``"DDP buffer broadcast"`` around ``_sync_buffers``, at the user's ``model(x)`` line, with the step of the
