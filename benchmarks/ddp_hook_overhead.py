@@ -1,10 +1,12 @@
 """What recording DDP's collectives costs per training step: plain DDP vs DDP watched by ``ddp_watch``.
 
 A small model (Linear(256, 256) x 3 with ReLUs, batch 32, SGD) on 2 CPU ranks (gloo), in workers of
-``notebook_launcher``. Each rank builds the same model twice: once as plain DDP (made while ``ddp_watch`` is
-disconnected: torch's built-in C++ allreduce, nothing recorded) and once watched (our comm hook around torch's
-``allreduce_hook``, the record updated at every backward). The two alternate in blocks of steps in the same
-processes, so load changes hit both alike; a block's time per step is its total over its steps.
+``notebook_launcher``. Each rank builds one DDP model and trains it in blocks of steps that alternate between
+plain (the model's watch taken off: torch's DDP as it is, plus the one dictionary look-up of our patched
+``_post_forward``) and watched (the record updated at every forward and backward, as in any launch). One model
+for both: two instances of the same model differ by a few percent from their memory layout alone. The blocks
+alternate in the same processes, which one goes first too, so load changes hit both alike; a block's time per
+step is its total over its steps.
 
 Run: ``.venv/bin/python benchmarks/ddp_hook_overhead.py [launches]``. Prints µs per step (median over blocks,
 ranks and launches), the watched / plain ratio (median and spread over the block pairs), and writes
@@ -28,7 +30,7 @@ from notebook_launcher import last_run, notebook_launcher
 LAUNCHES = 3
 BLOCKS = 30  # block pairs per launch
 STEPS = 40  # steps per block
-WARMUP = 30
+WARMUP = 4  # blocks (half plain, half watched) before the measured ones
 WORLD = 2
 RESULTS = os.path.join(HERE, "results", "ddp_hook_overhead.json")
 
@@ -47,40 +49,34 @@ def _pairs(blocks: int, steps: int) -> list[tuple[float, float]]:
     from notebook_launcher import ddp_watch
 
     record = ddp_watch._progress
-    ddp_watch.disconnect()
-    plain = DistributedDataParallel(_model())
-    ddp_watch.connect(record)
-    watched = DistributedDataParallel(_model())
+    model = DistributedDataParallel(_model())
+    watch = model.__dict__[ddp_watch._ATTRIBUTE]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     inputs = torch.randn(32, 256, generator=torch.Generator().manual_seed(dist.get_rank()))
-    runs = []
-    for model in (plain, watched):
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
-        def step(model=model, optimizer=optimizer):
-            optimizer.zero_grad()
-            model(inputs).square().mean().backward()
-            optimizer.step()
-
-        runs.append(step)
-
-    def block(step) -> float:
+    def block(watched: bool) -> float:
+        if watched:
+            model.__dict__[ddp_watch._ATTRIBUTE] = watch
+        else:
+            model.__dict__.pop(ddp_watch._ATTRIBUTE, None)
         dist.barrier()  # both ranks start the block together
         started = time.perf_counter()
         for _ in range(steps):
-            step()
+            optimizer.zero_grad()
+            model(inputs).square().mean().backward()
+            optimizer.step()
         return (time.perf_counter() - started) / steps * 1e6
 
-    for step in runs:
-        for _ in range(WARMUP):
-            step()
+    for watched in (False, True):
+        for _ in range(WARMUP // 2):
+            block(watched)
     pairs = []
     for index in range(blocks):
-        first, second = (0, 1) if index % 2 == 0 else (1, 0)  # alternate which goes first
-        times = {first: block(runs[first]), second: block(runs[second])}
-        pairs.append((times[0], times[1]))
-    runs[1]()
-    seen = record.read()  # the watched model was recorded, the plain one not
-    assert seen["operation"] == "DDP gradient all_reduce" and seen["step"] == WARMUP + blocks * steps + 1
+        first = index % 2 == 0  # alternate which goes first
+        times = {first: block(first), not first: block(not first)}
+        pairs.append((times[False], times[True]))
+    seen = record.read()  # only the watched blocks counted
+    assert seen["operation"] == "DDP gradient all_reduce" and seen["step"] == (WARMUP // 2 + blocks) * steps
     return pairs
 
 
