@@ -101,7 +101,7 @@ def test_a_rank_waiting_inside_ddps_backward_is_named_with_its_step_and_line():
     assert psutil.Process().children(recursive=True) == []
 
 
-def _blocked_in_backward_while_the_other_waits_at_a_barrier():
+def _blocked_in_backward_while_the_other_is_busy():
     import time
 
     import torch.distributed as dist
@@ -115,7 +115,7 @@ def _blocked_in_backward_while_the_other_waits_at_a_barrier():
 
 def test_at_the_timeout_a_rank_in_ddps_backward_is_shown_waiting_there():
     with pytest.raises(LaunchTimeoutError) as caught:
-        notebook_launcher(_blocked_in_backward_while_the_other_waits_at_a_barrier, num_processes=2, device="cpu",
+        notebook_launcher(_blocked_in_backward_while_the_other_is_busy, num_processes=2, device="cpu",
                           timeout=6)
     message = str(caught.value)
     assert "rank 1 is not in any collective: busy or stuck in its own code" in message
@@ -216,3 +216,27 @@ def _no_sync_then_sync():
 def test_steps_count_the_backward_passes_that_synchronize():
     assert notebook_launcher(_no_sync_then_sync, num_processes=2, device="cpu", timeout=120, debug=True) == \
         [0, 1, 1, 2]  # (debug mode on: DDP runs as usual there too)
+
+
+def _leaves_the_loop_early_then_waits_at_a_barrier():
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    for step in range(5):
+        if dist.get_rank() == 1 and step == 3:
+            break  # rank 1 leaves early and waits at the barrier; rank 0 waits in DDP's 4th all_reduce
+        model(torch.ones(2, 4)).sum().backward()
+    dist.barrier()
+
+
+def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart():
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(_leaves_the_loop_early_then_waits_at_a_barrier, num_processes=2, device="cpu", timeout=6)
+    message = str(caught.value)
+    function = _leaves_the_loop_early_then_waits_at_a_barrier
+    backward = f"{__file__}:{function.__code__.co_firstlineno + 8} in {function.__name__}"
+    assert "they wait in different collectives" in message
+    assert f"in DDP gradient all_reduce #5 at {backward}" in message  # #1: DDP(...)'s broadcast
+    assert "in barrier #5 at" in message
+    assert psutil.Process().children(recursive=True) == []
