@@ -28,8 +28,11 @@ DDP computes or how:
 - **Uneven inputs**: a rank that has joined (``with model.join():``) and shadows the others' collectives is
   in ``"DDP join"`` while it does.
 
-The raw torch.distributed collectives DDP runs from Python inside these are not recorded or checked again by
-``ops``. ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP
+Limits: the backward is seen when the loss depends on a tensor the model returns directly or in a tuple, list
+or dict (``ModelOutput`` included), one level deep; "inside" covers the backward's own computation through the
+model too (the record cannot tell it from the wait); a backward that raised is closed at the model's next
+forward. The raw torch.distributed collectives DDP runs from Python inside these are not recorded or checked
+again by ``ops``. ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP
 untouched.
 """
 
