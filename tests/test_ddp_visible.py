@@ -240,3 +240,19 @@ def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart()
     assert f"in DDP gradient all_reduce #5 at {backward}" in message  # #1: DDP(...)'s broadcast
     assert "in barrier #5 at" in message
     assert psutil.Process().children(recursive=True) == []
+
+
+def _fsdp_step():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    model = FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
+    model(torch.ones(2, 4)).sum().backward()
+    return ddp_watch._progress.read()
+
+
+def test_fsdps_collectives_are_named_as_fsdps():
+    record = notebook_launcher(_fsdp_step, num_processes=2, device="cpu", timeout=120)
+    assert record["operation"].startswith("FSDP ") and not record["inside"]  # e.g. "FSDP reduce_scatter_single"
+    assert record["call_site"] == f"{__file__}:{_fsdp_step.__code__.co_firstlineno + 6} in _fsdp_step"
