@@ -18,7 +18,7 @@ know::
 
 In a launched worker (after ``connect()``) the raw ``torch.distributed`` collectives are checked too (so
 Accelerate's own ops and library code are covered), and each collective records where the rank is (for hang
-diagnosis), debug mode or not. What the ranks compare, and the messages, live in ``agreement``; ``any_rank`` is
+diagnosis), debug mode or not; FSDP's are recorded as ``FSDP <collective>``. What the ranks compare, and the messages, live in ``agreement``; ``any_rank`` is
 the one collective other modules build on (``check_trigger``).
 """
 
@@ -210,7 +210,8 @@ class _collective:
         _state.inside = True
         site = self.site or call_site()
         if _worker.progress is not None:
-            _worker.progress.enter(self.operation.rsplit(".", 1)[-1], site)
+            name = self.operation.rsplit(".", 1)[-1]
+            _worker.progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
         try:
             if debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
@@ -226,6 +227,14 @@ class _collective:
             if _worker.progress is not None:
                 _worker.progress.leave()
         return False
+
+
+def set_inside(inside: bool) -> bool:
+    """Mark this thread as inside a collective recorded elsewhere (DDP's, by ``ddp_watch``): the raw collectives
+    it calls meanwhile are neither recorded nor checked. Returns the previous mark, to restore."""
+    outer = getattr(_state, "inside", False)
+    _state.inside = inside
+    return outer
 
 
 def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False,
@@ -284,8 +293,23 @@ def call_site() -> str:
     return "?"
 
 
+def _called_by_fsdp() -> bool:
+    """Whether FSDP (torch.distributed.fsdp, FSDP1 or fully_shard) called the collective being entered: the
+    progress record names it "FSDP <collective>"."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_FSDP_DIR):
+            return True
+        if not (filename.startswith(_OWN_DIR) or filename.startswith(_TORCH_DIR)):
+            return False  # the user's frame: no FSDP between it and the collective
+        frame = frame.f_back
+    return False
+
+
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
 
 
 # -- the raw collectives in a worker -----------------------------------------------------------------------------

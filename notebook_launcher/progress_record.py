@@ -10,13 +10,21 @@ import time
 class ProgressRecord:
     """Where a rank is, readable by the kernel at any moment without the rank's help: a small shared file
     (mmap) that each collective updates on entry and exit. For hang diagnosis: which collective, its sequence
-    number, since when, called from where.
+    number, since when, called from where, at which DDP step, and when the rank last completed one.
 
-    Layout: sequence number (u64), entered at (f64, monotonic), inside a collective (u8), operation (32 bytes),
-    call site (200 bytes).
+    Layout (little-endian, 272 bytes): sequence number (u64), entered at (f64, monotonic), inside a collective
+    (u8), operation (32 bytes), call site (200 bytes), 7 bytes of padding, step (u64 at offset 256; DDP's
+    iteration count for DDP's own collectives, else 0), progressed at (f64 at offset 264, monotonic; when the
+    rank last left a collective, 0.0 before any). ``read()`` gives these as a dict (see the keys there).
+    ``enter`` writes everything but "progressed at", ``leave`` only that and the "inside" byte: a DDP
+    collective may complete on another thread while the rank's main thread enters the next one.
     """
 
-    _LAYOUT = struct.Struct("<QdB32s200s")
+    _LAYOUT = struct.Struct("<QdB32s200s7xQd")
+    _ENTRY = struct.Struct("<QdB32s200s7xQ")  # what enter() writes
+    _INSIDE = 16  # offset of the "inside" byte
+    _PROGRESSED = struct.Struct("<d")
+    _PROGRESSED_AT = _ENTRY.size
 
     def __init__(self, path: str, create: bool = False):
         import mmap
@@ -33,19 +41,24 @@ class ProgressRecord:
             os.close(descriptor)
         self.sequence = 0
 
-    def enter(self, operation: str, call_site: str) -> None:
+    def enter(self, operation: str, call_site: str, step: int = 0) -> None:
+        """Entering collective ``operation`` (number ``sequence + 1``) from ``call_site``, at DDP ``step``."""
         self.sequence += 1
-        self._LAYOUT.pack_into(self._map, 0, self.sequence, time.monotonic(), 1, operation.encode()[:32],
-                               call_site.encode("utf-8", "replace")[:200])
+        self._ENTRY.pack_into(self._map, 0, self.sequence, time.monotonic(), 1, operation.encode()[:32],
+                              call_site.encode("utf-8", "replace")[:200], step)
 
     def leave(self) -> None:
-        self._map[16] = 0  # the "inside" byte
+        """The collective completed: not inside any now, progress made at this moment."""
+        self._PROGRESSED.pack_into(self._map, self._PROGRESSED_AT, time.monotonic())
+        self._map[self._INSIDE] = 0
 
     def read(self) -> dict:
-        sequence, since, inside, operation, call_site = self._LAYOUT.unpack_from(self._map, 0)
+        """``sequence``, ``since``, ``inside``, ``operation``, ``call_site``, ``step``, ``progressed_at``."""
+        sequence, since, inside, operation, call_site, step, progressed_at = self._LAYOUT.unpack_from(self._map, 0)
         return {"sequence": sequence, "since": since, "inside": bool(inside),
                 "operation": operation.rstrip(b"\0").decode(errors="replace"),
-                "call_site": call_site.rstrip(b"\0").decode(errors="replace")}
+                "call_site": call_site.rstrip(b"\0").decode(errors="replace"),
+                "step": step, "progressed_at": progressed_at}
 
     def close(self) -> None:
         self._map.close()

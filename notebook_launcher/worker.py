@@ -319,12 +319,17 @@ def _retarget_logging_handlers(previous_streams) -> None:
 
 def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
     """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
-    checks that all ranks agree before it runs; set_trigger() tells the kernel."""
+    checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked);
+    set_trigger() tells the kernel."""
     from . import ops, triggers
 
     progress = ProgressRecord(spec.progress_path) if spec.progress_path else None
     ops.connect(events.emit, debug=spec.debug, progress=progress)
     triggers.connect(events.emit)
+    if progress is not None:  # DDP's C++ collectives too (see ddp_watch; NOTEBOOK_LAUNCHER_DDP_WATCH=0: not)
+        from . import ddp_watch
+
+        ddp_watch.connect(progress)
 
 
 def _connect_progress_reports(events: EventWriter) -> None:

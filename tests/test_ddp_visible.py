@@ -1,0 +1,258 @@
+"""DDP's own collectives (the reducer's gradient all_reduce, run in C++) are in the rank's progress record: a
+hang inside DDP's backward names DDP, the step and the user's line; DDP's numbers and a user's comm hook are
+unchanged by it."""
+
+import os
+
+import psutil
+import pytest
+import torch
+
+from notebook_launcher import LaunchTimeoutError, last_run, notebook_launcher
+
+
+@pytest.fixture(autouse=True)
+def no_debug_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("ACCELERATE_DEBUG_MODE", raising=False)
+    monkeypatch.delenv("NOTEBOOK_LAUNCHER_DDP_WATCH", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.BatchNorm1d(16),
+                               torch.nn.Linear(16, 4))
+
+
+def _train(steps=4, hook=None):
+    """A few DDP steps on rank-dependent data; the final weights, and whether the record saw DDP."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    model = DistributedDataParallel(_model(), bucket_cap_mb=0.0001)  # several buckets
+    calls = []
+    if hook is not None:
+        def user_hook(state, bucket):
+            calls.append(bucket.index())
+            return hook(state, bucket)
+
+        model.register_comm_hook(None, user_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 8, generator=generator)).square().mean().backward()
+        optimizer.step()
+    return {"weights": [p.detach().clone() for p in model.parameters()], "hook_calls": len(calls),
+            "watched": ddp_watch._progress is not None and ddp_watch.enabled()}
+
+
+def test_ddp_numbers_are_those_of_plain_ddp(monkeypatch):
+    watched = notebook_launcher(_train, num_processes=2, device="cpu", timeout=120)
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_DDP_WATCH", "0")
+    plain = notebook_launcher(_train, num_processes=2, device="cpu", timeout=120)
+    assert watched["watched"] and not plain["watched"]
+    assert all(torch.equal(a, b) for a, b in zip(watched["weights"], plain["weights"]))
+    assert not all(torch.equal(a, b) for a, b in zip(watched["weights"], _model().parameters()))  # it trained
+
+
+def _zero_gradients(state, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook(None, bucket).then(lambda future: future.value() * 0)
+
+
+def _train_with_a_zeroing_hook():
+    return _train(steps=3, hook=_zero_gradients)
+
+
+def test_a_users_comm_hook_runs_and_its_result_is_used():
+    result = notebook_launcher(_train_with_a_zeroing_hook, num_processes=2, device="cpu", timeout=120)
+    assert result["hook_calls"] >= 3 * 2  # every bucket of every step went through it
+    initial = list(_model().parameters())
+    assert all(torch.equal(a, b) for a, b in zip(result["weights"], initial))  # gradients of zero: unchanged
+
+
+def _leaves_the_loop_early():
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    for step in range(5):
+        if dist.get_rank() == 1 and step == 3:
+            return "left"  # rank 1 leaves early: rank 0 waits in DDP's all_reduce of its 4th backward
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()  # the line the record names
+    return "done"
+
+
+def test_a_rank_waiting_inside_ddps_backward_is_named_with_its_step_and_line():
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(_leaves_the_loop_early, num_processes=2, device="cpu", timeout=60)
+    message = str(caught.value)
+    line = _leaves_the_loop_early.__code__.co_firstlineno + 9
+    assert message.startswith("The ranks stopped making progress: rank 1 had finished its function (last "
+                              "collective: DDP gradient all_reduce #4 at")  # #1: DDP(...)'s broadcast
+    assert (f"rank 0: waiting" in message
+            and f"in DDP gradient all_reduce #5 at {__file__}:{line} in _leaves_the_loop_early" in message)
+    assert last_run().status == "hung"
+    assert psutil.Process().children(recursive=True) == []
+
+
+def _blocked_in_backward_while_the_other_is_busy():
+    import time
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    if dist.get_rank() == 1:
+        time.sleep(60)  # busy in its own code: rank 0's backward waits for it
+    model(torch.ones(2, 4)).sum().backward()
+
+
+def test_at_the_timeout_a_rank_in_ddps_backward_is_shown_waiting_there():
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(_blocked_in_backward_while_the_other_is_busy, num_processes=2, device="cpu",
+                          timeout=6)
+    message = str(caught.value)
+    assert "rank 1 is not in any collective: busy or stuck in its own code" in message
+    assert "rank 0: waiting" in message and "in DDP gradient all_reduce #2 at" in message
+    assert os.path.basename(__file__) in message
+
+
+def _records_while_training():
+    """The rank's own record (what the kernel reads), inside DDP's backward (from a user's comm hook, which
+    runs inside ours), after a forward and after each backward."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    record = ddp_watch._progress
+    seen = {"constructed": None, "in_backward": [], "after_forward": [], "after_backward": []}
+
+    def reading_hook(state, bucket):
+        seen["in_backward"].append(record.read())
+        return allreduce_hook(None, bucket)
+
+    model = DistributedDataParallel(_model())
+    seen["constructed"] = record.read()
+    model.register_comm_hook(None, reading_hook)
+    for _ in range(3):
+        output = model(torch.randn(8, 8))
+        seen["after_forward"].append(record.read())
+        output.sum().backward()
+        seen["after_backward"].append(record.read())
+    return seen
+
+
+def test_the_record_holds_ddps_collective_step_line_and_progress():
+    seen = notebook_launcher(_records_while_training, num_processes=2, device="cpu", timeout=120)
+    lines = {name: _records_while_training.__code__.co_firstlineno + offset
+             for name, offset in (("construct", 15), ("forward", 19), ("backward", 21))}
+    where = f"{__file__}:{{}} in _records_while_training"
+    constructed = seen["constructed"]
+    assert constructed["operation"] == "DDP parameter broadcast" and not constructed["inside"]
+    assert constructed["call_site"] == where.format(lines["construct"])
+    for step, (forward, inside, after) in enumerate(zip(seen["after_forward"], seen["in_backward"],
+                                                        seen["after_backward"]), start=1):
+        assert forward["operation"] == "DDP buffer broadcast" and forward["step"] == step  # BatchNorm's buffers
+        assert forward["call_site"] == where.format(lines["forward"])
+        assert inside["inside"] and inside["operation"] == "DDP gradient all_reduce" and inside["step"] == step
+        assert inside["call_site"] == where.format(lines["backward"])
+        assert not after["inside"] and after["step"] == step and after["sequence"] == inside["sequence"]
+        assert after["progressed_at"] >= after["since"] > 0
+
+
+def _uneven_inputs_under_join():
+    """Rank 1 has fewer batches; under model.join() it shadows rank 0's last gradient all_reduces."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    operations = []
+
+    def noting_hook(state, bucket):
+        operations.append(ddp_watch._progress.read()["operation"])
+        return allreduce_hook(None, bucket)
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    model.register_comm_hook(None, noting_hook)
+    with model.join():
+        for _ in range(5 if dist.get_rank() == 0 else 3):
+            model(torch.ones(2, 4)).sum().backward()
+    return {"operations": operations, "weight": model.module.weight.detach().clone()}
+
+
+def test_a_rank_that_joined_early_is_in_ddp_join_while_it_shadows_the_others():
+    notebook_launcher(_uneven_inputs_under_join, num_processes=2, device="cpu", timeout=120)
+    results = last_run().results
+    assert results[0]["operations"] == ["DDP gradient all_reduce"] * 5
+    assert results[1]["operations"] == ["DDP gradient all_reduce"] * 3 + ["DDP join"] * 2
+    assert torch.equal(results[0]["weight"], results[1]["weight"])
+
+
+def _no_sync_then_sync():
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    steps = []
+    for _ in range(2):
+        with model.no_sync():  # gradient accumulation: no collective, not a DDP step
+            model(torch.ones(2, 4)).sum().backward()
+        steps.append(ddp_watch._progress.read()["step"])
+        model(torch.ones(2, 4)).sum().backward()
+        steps.append(ddp_watch._progress.read()["step"])
+    return steps
+
+
+def test_steps_count_the_backward_passes_that_synchronize():
+    assert notebook_launcher(_no_sync_then_sync, num_processes=2, device="cpu", timeout=120, debug=True) == \
+        [0, 1, 1, 2]  # (debug mode on: DDP runs as usual there too)
+
+
+def _leaves_the_loop_early_then_waits_at_a_barrier():
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    for step in range(5):
+        if dist.get_rank() == 1 and step == 3:
+            break  # rank 1 leaves early and waits at the barrier; rank 0 waits in DDP's 4th all_reduce
+        model(torch.ones(2, 4)).sum().backward()
+    dist.barrier()
+
+
+def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart():
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(_leaves_the_loop_early_then_waits_at_a_barrier, num_processes=2, device="cpu", timeout=6)
+    message = str(caught.value)
+    function = _leaves_the_loop_early_then_waits_at_a_barrier
+    backward = f"{__file__}:{function.__code__.co_firstlineno + 8} in {function.__name__}"
+    assert "they wait in different collectives" in message
+    assert f"in DDP gradient all_reduce #5 at {backward}" in message  # #1: DDP(...)'s broadcast
+    assert "in barrier #5 at" in message
+    assert psutil.Process().children(recursive=True) == []
+
+
+def _fsdp_step():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    model = FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
+    model(torch.ones(2, 4)).sum().backward()
+    return ddp_watch._progress.read()
+
+
+def test_fsdps_collectives_are_named_as_fsdps():
+    record = notebook_launcher(_fsdp_step, num_processes=2, device="cpu", timeout=120)
+    assert record["operation"].startswith("FSDP ") and not record["inside"]  # e.g. "FSDP reduce_scatter_single"
+    assert record["call_site"] == f"{__file__}:{_fsdp_step.__code__.co_firstlineno + 6} in _fsdp_step"
