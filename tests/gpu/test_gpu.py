@@ -137,3 +137,21 @@ def test_an_out_of_memory_step_down_restarts_every_gpu_rank_at_the_agreed_size()
         print("exit", main())
     """, timeout=420)
     assert "exit 0" in out and "GPU rank(s): finished at batch size 2" in out
+
+
+@two_gpus
+def test_a_hang_on_nccl_gets_a_notice_naming_the_busy_rank():
+    out = in_a_fresh_kernel(f"""
+        import time, torch, torch.distributed as dist
+        from notebook_launcher import last_run, notebook_launcher
+        def busy_then_reduce():
+            if dist.get_rank() == 1:
+                end = time.time() + 6
+                while time.time() < end:
+                    pass
+            dist.all_reduce(torch.ones(1, device="cuda"))
+        notebook_launcher(busy_then_reduce, num_processes={GPUS}, device="cuda", hang_warning=2, display="text")
+        [opened] = [e.data for e in last_run().events if e.kind == "hang_notice" and e.data["state"] == "open"]
+        print("notice", opened["ranks"]["1"]["state"], opened["ranks"]["0"]["state"])
+    """)
+    assert "notice busy waiting" in out
