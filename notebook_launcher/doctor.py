@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from .plan import LaunchArgumentError
+from .errors import LaunchArgumentError
 from .remote import (OK, PROBLEM, WARNING, Check, check_ssh, mpi_implementation, mpi_sanity_run,  # noqa: F401
                      read_hostfile)  # the SSH and MPI checks live with the helpers a launch across hosts uses
 
