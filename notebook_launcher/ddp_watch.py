@@ -10,7 +10,9 @@ DDP computes or how:
   (the first frame outside torch and this package: their ``loss.backward()``; where backward runs on another
   thread, as on CUDA, the line of the model's forward). Two callbacks queued on the autograd engine mark the
   end: the second runs after DDP's own ``finalize_backward``, which waits for every bucket's all_reduce, and
-  records the leave and ``progressed_at``. So a rank is "inside" from the start of its backward through the
+  records the leave and ``progressed_at``. The time between the two is what the rank waited for the others
+  (``ProgressRecord.waited``, for the run's balance), and the second ends the rank's step for
+  ``balance_meter``. So a rank is "inside" from the start of its backward through the
   model until DDP has all the averaged gradients; blocked there, the record says so. ``step`` counts the
   model's synchronized backward passes (1 for the first; ``no_sync()`` passes do not count).
 - **A comm hook** (``model.register_comm_hook``, built-in hooks, ``mixed_precision``): DDP calls it as it
@@ -24,7 +26,9 @@ DDP computes or how:
   ``"DDP buffer broadcast"`` around ``_sync_buffers``, at the user's ``model(x)`` line, with the step of the
   backward to come.
 - **Construction**: ``DistributedDataParallel(model)`` checks the parameters' shapes across ranks and
-  broadcasts rank 0's parameters and buffers: ``"DDP parameter broadcast"`` (step 0) at the user's line.
+  broadcasts rank 0's parameters and buffers: ``"DDP parameter broadcast"`` (step 0) at the user's line, around
+  those two collectives only (the rest of the construction, such as torch's first import of ``torch._dynamo``,
+  about 1.5 s, is the rank's own work).
 - **Uneven inputs**: a rank that has joined (``with model.join():``) and shadows the others' collectives is
   in ``"DDP join"`` while it does.
 
@@ -40,12 +44,15 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel import distributed as _ddp_module
 from torch.nn.parallel.distributed import _DDPJoinHook
 
+from . import balance_meter
 from .ops import call_site, set_inside
 
 ENV_VAR = "NOTEBOOK_LAUNCHER_DDP_WATCH"
@@ -90,12 +97,13 @@ def disconnect() -> None:
 class _Watch:
     """One DDP model's side of the record: its step, and whether a synchronized backward is to come."""
 
-    __slots__ = ("step", "armed", "open", "forward_site")
+    __slots__ = ("step", "armed", "open", "forward_site", "reducing_since")
 
     def __init__(self, model):
         self.step = 0
         self.armed = False  # a forward that will synchronize gradients ran; its backward has not started
         self.open = False  # its backward started and has not ended (a backward that raised never ends)
+        self.reducing_since = 0.0  # when the backward's own computation ended and DDP's wait began
         # backward runs on the calling thread for CPU models, where its frames name the user's line
         self.forward_site = "?" if any(p.device.type != "cpu" for p in model.parameters()) else ""
 
@@ -126,19 +134,34 @@ class _Watch:
         _engine.queue_callback(self.after_ddp_queued)  # runs before DDP's finalize_backward, queued later...
 
     def after_ddp_queued(self) -> None:
+        self.reducing_since = time.monotonic()
         _engine.queue_callback(self.finish)  # ...so this one runs after it: every bucket is reduced then
 
     def finish(self) -> None:
         self.open = False
-        _progress.leave()
+        since, self.reducing_since = self.reducing_since, 0.0
+        _progress.leave(time.monotonic() - since if since else 0.0)
+        balance_meter.step_done(balance_meter.DDP_STEPS, self.step)
 
 
 def _init(self, *args, **kwargs):
-    if _progress is None or not dist.is_initialized():
-        return _originals["__init__"](self, *args, **kwargs)
+    _originals["__init__"](self, *args, **kwargs)
+    if _progress is not None and dist.is_initialized():
+        self.__dict__[_ATTRIBUTE] = _Watch(self)
+
+
+def _verify_param_shapes(*args, **kwargs):
+    if _progress is None:
+        return _originals["_verify_param_shape_across_processes"](*args, **kwargs)
     with _Inside(PARAMETERS, 0):
-        _originals["__init__"](self, *args, **kwargs)
-    self.__dict__[_ATTRIBUTE] = _Watch(self)
+        return _originals["_verify_param_shape_across_processes"](*args, **kwargs)
+
+
+def _sync_module_states(*args, **kwargs):
+    if _progress is None:
+        return _originals["_sync_module_states"](*args, **kwargs)
+    with _Inside(PARAMETERS, 0):
+        return _originals["_sync_module_states"](*args, **kwargs)
 
 
 def _register_comm_hook(self, state: object, hook) -> None:
@@ -199,4 +222,6 @@ class _Inside:
 
 _PATCHES = ((DistributedDataParallel, "__init__", _init), (DistributedDataParallel, "_post_forward", _post_forward),
             (DistributedDataParallel, "register_comm_hook", _register_comm_hook),
-            (DistributedDataParallel, "_sync_buffers", _sync_buffers), (_DDPJoinHook, "main_hook", _join_main_hook))
+            (DistributedDataParallel, "_sync_buffers", _sync_buffers), (_DDPJoinHook, "main_hook", _join_main_hook),
+            (_ddp_module, "_verify_param_shape_across_processes", _verify_param_shapes),
+            (_ddp_module, "_sync_module_states", _sync_module_states))

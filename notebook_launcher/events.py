@@ -44,6 +44,10 @@ Kinds of events
              "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
              ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
              ``{"in_order": n, "skipped": True}`` says the rank's level filtered its record of call n out
+``balance``  data: ``{"elapsed", "waited", "steps": [[step, seconds since start, seconds waited so far]],
+             "step_source": "ddp" | "report" | None, "final", "peak_rss", "cuda": {"peak_allocated",
+             "peak_reserved", "total"} | None}``: the rank's time in collectives and its memory, a few times a
+             minute and at the function's end (``balance_meter``; read by ``balance.py``)
 ``hang_notice`` data: ``{"state": "open", "quiet_s", "ranks": {rank: {"state": "waiting" | "in_ddp" | "busy" |
              "finished" | "exited", "text"}}, "diverged": rank | None, "stacks": {rank: text}, "text"}`` or
              ``{"state": "cleared", "quiet_s", "text"}`` (made by the kernel, rank -1): the stall watchdog saw no
@@ -80,6 +84,7 @@ OOM_RETRY = "oom_retry"
 PROGRESS = "progress"
 RESTART = "restart"
 HANG_NOTICE = "hang_notice"
+BALANCE = "balance"
 TRUNCATED_EVENT = "TruncatedEvent"  # a failure the kernel makes: an event cut short by the worker's death
 CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes on an event pipe that are no event
 # kinds an agent of a launch across hosts sends besides its ranks' events

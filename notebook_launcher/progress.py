@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from . import balance_meter
 from .events import PROGRESS
 
 _emit = None  # set only by connect(): the rank's event writer in a launched worker
@@ -50,5 +51,7 @@ def report(step: int | None = None, *, total: int | None = None, **metrics) -> N
         value = float(value)
         values[name] = value if math.isfinite(value) else str(value)  # nan/inf stay visible, JSON stays valid
     if _emit is not None:
+        if step is not None:
+            balance_meter.step_done(balance_meter.REPORTED_STEPS, int(step))
         _emit(PROGRESS, {"step": None if step is None else int(step), "total": None if total is None else int(total),
                     "metrics": values})

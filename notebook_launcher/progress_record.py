@@ -18,6 +18,10 @@ class ProgressRecord:
     rank last left a collective, 0.0 before any). ``read()`` gives these as a dict (see the keys there).
     ``enter`` writes everything but "progressed at", ``leave`` only that and the "inside" byte: a DDP
     collective may complete on another thread while the rank's main thread enters the next one.
+
+    The rank's own side also adds up ``waited``, the seconds spent inside collectives (for the run's balance:
+    who waits for whom), and calls ``on_due`` at the first ``leave`` after ``due`` (monotonic), so a meter can
+    report a few times a minute without a thread or a clock read of its own.
     """
 
     _LAYOUT = struct.Struct("<QdB32s200s7xQd")
@@ -40,17 +44,28 @@ class ProgressRecord:
         finally:
             os.close(descriptor)
         self.sequence = 0
+        self.waited = 0.0
+        self._entered = 0.0
+        self.due = float("inf")
+        self.on_due = None
 
     def enter(self, operation: str, call_site: str, step: int = 0) -> None:
         """Entering collective ``operation`` (number ``sequence + 1``) from ``call_site``, at DDP ``step``."""
         self.sequence += 1
-        self._ENTRY.pack_into(self._map, 0, self.sequence, time.monotonic(), 1, operation.encode()[:32],
+        self._entered = now = time.monotonic()
+        self._ENTRY.pack_into(self._map, 0, self.sequence, now, 1, operation.encode()[:32],
                               call_site.encode("utf-8", "replace")[:200], step)
 
-    def leave(self) -> None:
-        """The collective completed: not inside any now, progress made at this moment."""
-        self._PROGRESSED.pack_into(self._map, self._PROGRESSED_AT, time.monotonic())
+    def leave(self, waited: float | None = None) -> None:
+        """The collective completed: not inside any now, progress made at this moment. ``waited``: the seconds
+        of it spent waiting for other ranks, when not all of it was (DDP's backward computes too)."""
+        now = time.monotonic()
+        self._PROGRESSED.pack_into(self._map, self._PROGRESSED_AT, now)
         self._map[self._INSIDE] = 0
+        self.waited += now - self._entered if waited is None else waited
+        if now >= self.due:
+            self.due = float("inf")
+            self.on_due()
 
     def read(self) -> dict:
         """``sequence``, ``since``, ``inside``, ``operation``, ``call_site``, ``step``, ``progressed_at``."""

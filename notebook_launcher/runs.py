@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from .balance import Balance, BalanceBook
 from .errors import RunNotFoundError
 from .failure import RankFailure
 from .runlog import RUN_ID, runs_root
@@ -51,6 +52,14 @@ class Run:
     panel_state: dict | None = None  # the run panel's final state (labextension/SCHEMA.md), when it was shown
     started_at: float = dataclasses.field(default_factory=time.time)
     duration: float = 0.0
+    balance_book: BalanceBook = dataclasses.field(default_factory=BalanceBook, repr=False)
+
+    @property
+    def balance(self) -> Balance:
+        """Where the time went: the straggler, each rank's share of time waiting in collectives, its median
+        step time and peak memory (see ``Balance``; live while the run goes on, every rank's final figures
+        once it is over; empty for a run in the kernel or without a process group)."""
+        return self.balance_book.balance()
 
     def result(self, rank: int = 0) -> Any:
         return self.results.get(rank)
@@ -73,6 +82,7 @@ class Run:
             "attempts": self.attempts, "exit_codes": self.exit_codes, "duration_s": round(self.duration, 4),
             "root_cause": dataclasses.asdict(self.root_cause) if self.root_cause else None,
             "result_types": {rank: type(value).__name__ for rank, value in self.results.items()},
+            "balance": self.balance.to_json() if self.balance_book.ranks else None,
         }
 
     def __repr__(self) -> str:

@@ -29,6 +29,7 @@ import sys
 import time
 import traceback
 
+from . import balance_meter
 from .accelerate_state import prepare_accelerate
 from .events import FAILURE, OUTPUT, RESULT, STATUS, EventWriter, WorkerSpec, write_all
 from .logging import install_event_logging
@@ -174,12 +175,15 @@ def _run(spec: WorkerSpec, load_function) -> int:
         prepare_accelerate(cpu_launch=spec.device == "cpu")
         _limit_cpu_threads(spec)
         process_group_up = _init_process_group(spec)
-        if process_group_up:
-            _install_collective_hooks(spec, events)
+        progress = _install_collective_hooks(spec, events) if process_group_up else None
         _prepare_memory_handling(spec, events)
         _connect_progress_reports(events)
+        balance_meter.connect(events.emit, progress)
         events.emit(STATUS, {"state": "running"})
-        result = function(*args)
+        try:
+            result = function(*args)
+        finally:
+            balance_meter.finish()
         _report_result(events, result, spec)
         exit_code = 0
     except SystemExit as exc:
@@ -317,7 +321,7 @@ def _retarget_logging_handlers(previous_streams) -> None:
                 handler.stream = sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr
 
 
-def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
+def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> ProgressRecord | None:
     """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
     checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked);
     set_trigger() tells the kernel."""
@@ -330,6 +334,7 @@ def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> None:
         from . import ddp_watch
 
         ddp_watch.connect(progress)
+    return progress
 
 
 def _connect_progress_reports(events: EventWriter) -> None:

@@ -94,9 +94,9 @@ def test_a_rank_waiting_inside_ddps_backward_is_named_with_its_step_and_line():
     message = str(caught.value)
     line = _leaves_the_loop_early.__code__.co_firstlineno + 9
     assert message.startswith("The ranks stopped making progress: rank 1 had finished its function (last "
-                              "collective: DDP gradient all_reduce #4 at")  # #1: DDP(...)'s broadcast
+                              "collective: DDP gradient all_reduce #5 at")  # #1, #2: DDP(...)'s shape check, broadcast
     assert (f"rank 0: waiting" in message
-            and f"in DDP gradient all_reduce #5 at {__file__}:{line} in _leaves_the_loop_early" in message)
+            and f"in DDP gradient all_reduce #6 at {__file__}:{line} in _leaves_the_loop_early" in message)
     assert last_run().status == "hung"
     assert psutil.Process().children(recursive=True) == []
 
@@ -119,7 +119,7 @@ def test_at_the_timeout_a_rank_in_ddps_backward_is_shown_waiting_there():
                           timeout=6)
     message = str(caught.value)
     assert "rank 1 is not in any collective: busy or stuck in its own code" in message
-    assert "rank 0: waiting" in message and "in DDP gradient all_reduce #2 at" in message
+    assert "rank 0: waiting" in message and "in DDP gradient all_reduce #3 at" in message
     assert os.path.basename(__file__) in message
 
 
@@ -237,8 +237,8 @@ def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart()
     function = _leaves_the_loop_early_then_waits_at_a_barrier
     backward = f"{__file__}:{function.__code__.co_firstlineno + 8} in {function.__name__}"
     assert "they wait in different collectives" in message
-    assert f"in DDP gradient all_reduce #5 at {backward}" in message  # #1: DDP(...)'s broadcast
-    assert "in barrier #5 at" in message
+    assert f"in DDP gradient all_reduce #6 at {backward}" in message  # #1, #2: DDP(...)'s shape check, broadcast
+    assert "in barrier #6 at" in message
     assert psutil.Process().children(recursive=True) == []
 
 

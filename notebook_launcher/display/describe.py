@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any, Callable, NamedTuple
 
-from ..events import (BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, OUTPUT, PROGRESS, RESTART,
+from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, OUTPUT, PROGRESS, RESTART,
                       RESULT, SHAPE_MISMATCH, STATUS, STREAM, TRIGGER)
 
 MAX_DATA_CHARS = 2000  # an unknown kind's data, as JSON, is cut here (the run log has it all)
@@ -136,6 +136,19 @@ def _progress(data: dict, rank: int | None) -> Description:
     return Description(PROGRESS, "", 0, "  ".join(parts), "")
 
 
+def _balance(data: dict, rank: int | None) -> Description:
+    elapsed, waited = data.get("elapsed"), data.get("waited")
+    parts = []
+    if isinstance(elapsed, (int, float)) and isinstance(waited, (int, float)) and elapsed > 0:
+        parts.append(f"waited {waited / elapsed:.0%} of {elapsed:.1f} s in collectives")
+    cuda = data.get("cuda") if isinstance(data.get("cuda"), dict) else {}
+    peak = cuda.get("peak_allocated") or data.get("peak_rss")
+    if isinstance(peak, (int, float)):
+        parts.append(f"peak memory {peak / 1e6:.0f} MB" + (" (GPU)" if cuda.get("peak_allocated") else ""))
+    final = " (at the end)" if data.get("final") is True else ""
+    return Description(BALANCE, "", 0, ", ".join(parts) + final or "balance figures", "")
+
+
 def _shape_mismatch(data: dict, rank: int | None) -> Description:
     message = str(data.get("message") or "")
     return Description(SHAPE_MISMATCH, "", 0, first_line(message) or f"ranks disagree on {data.get('operation')}",
@@ -174,6 +187,6 @@ def _hang_notice(data: dict, rank: int | None) -> Description:
 
 _KINDS: dict[str, Callable[[dict, Any], Description | None]] = {
     STREAM: _stream, OUTPUT: _output, LOG: _log, FAILURE: _failure, EXIT: _exit, STATUS: _status, RESULT: _result,
-    LAUNCHER: _launcher, PROGRESS: _progress, SHAPE_MISMATCH: _shape_mismatch, TRIGGER: _trigger,
+    LAUNCHER: _launcher, PROGRESS: _progress, BALANCE: _balance, SHAPE_MISMATCH: _shape_mismatch, TRIGGER: _trigger,
     BATCH_SIZE: _batch_size, OOM_RETRY: _oom_retry, RESTART: _restart, HANG_NOTICE: _hang_notice,
 }

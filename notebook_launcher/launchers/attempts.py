@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Any
 
-from ..events import BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
+from ..events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
 from ..failure import FailureTracker, root_cause
 from ..ordering import InOrderRelease
 from ..results import unpack_result
@@ -44,6 +44,7 @@ class Attempts:
             results.clear()  # what an earlier, failed attempt returned is not this attempt's
         self.tracker = FailureTracker()
         self.in_order = InOrderRelease(list(ranks), self.display.show)
+        self.run.balance_book.clear()
         self.run.status = "running"
 
     def tick(self) -> None:
@@ -74,6 +75,8 @@ class Attempts:
             run.batch_sizes[event.data["key"]] = event.data["batch_size"]
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
+        elif event.kind == BALANCE:
+            run.balance_book.observe(event.rank, event.kind, event.data)
 
     def _receive_result(self, event: Event) -> None:
         if event.data.get("kept") is False:
@@ -126,6 +129,9 @@ class Attempts:
         run.status = "finished"
         if run.oom_retries:
             self.display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
+        if not self.single_attempt:  # (an agent's ranks are only part of the run: the launching kernel says it)
+            for line in run.balance.summary().splitlines():
+                self.display.note(line)
         return run.result(0)
 
 

@@ -1,0 +1,182 @@
+"""Where the time goes: which rank the others wait for, and how much memory each rank took (``last_run().balance``).
+
+Read from the ranks' ``balance`` events (``balance_meter`` measures them in each rank). Pure data in, data out,
+so the Run and the panel read a run the same way. The data comes from worker pipes: whatever does not have the
+expected form is left out, never trusted or raised on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from .events import BALANCE
+
+KEEP_STEPS = 4096  # step records kept per rank (the newest)
+STRAGGLER_GAP = 0.20  # the others wait at least this much more of their time than the straggler
+MOST_STEPS = 2 / 3  # ...and, where steps are known, it waits least in at least this share of them
+MIN_STEPS = 5
+UNEVEN_MEMORY = 1.5  # the memory line: the largest peak is at least this many times the smallest
+
+
+def _number(value) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
+
+
+class BalanceBook:
+    """Every rank's latest figures, fed event by event (``Attempts.on_event``); ``balance()`` reads them."""
+
+    def __init__(self):
+        self.ranks: dict[int, dict] = {}
+
+    def clear(self) -> None:
+        self.ranks.clear()  # a new attempt: the figures of the last one are not this one's
+
+    def observe(self, rank: int, kind: str, data) -> bool:
+        """Take a rank's ``balance`` event; True if it changed the figures."""
+        if kind != BALANCE or not isinstance(data, dict) or not isinstance(rank, int):
+            return False
+        elapsed, waited = _number(data.get("elapsed")), _number(data.get("waited"))
+        if elapsed is None or waited is None:
+            return False
+        entry = self.ranks.setdefault(rank, {"steps": [], "step_source": None})
+        source = data.get("step_source") if isinstance(data.get("step_source"), str) else None
+        if source != entry["step_source"]:
+            entry["steps"], entry["step_source"] = [], source
+        steps = data.get("steps")
+        for record in steps if isinstance(steps, list) else ():
+            if isinstance(record, list) and len(record) == 3:
+                at, so_far = _number(record[1]), _number(record[2])
+                step = record[0] if isinstance(record[0], int) and not isinstance(record[0], bool) else None
+                if at is not None and so_far is not None:
+                    entry["steps"].append((step, at, so_far))
+        del entry["steps"][:-KEEP_STEPS]
+        entry.update(elapsed=elapsed, waited=min(waited, elapsed), final=data.get("final") is True,
+                     peak_rss=_number(data.get("peak_rss")))
+        cuda = data.get("cuda")
+        entry["cuda"] = {key: _number(cuda.get(key)) for key in ("peak_allocated", "peak_reserved", "total")} \
+            if isinstance(cuda, dict) else None
+        return True
+
+    def balance(self) -> Balance:
+        return balance_of(self.ranks)
+
+
+@dataclasses.dataclass
+class Balance:
+    """The run's balance, by global rank.
+
+    - ``straggler``: the rank the others wait for, or None when no rank clearly is one. The rule: the rank that
+      waited the smallest share of its function's time is the straggler when every other rank waited at least
+      20 points more of its own time (``STRAGGLER_GAP``) and, where every rank has steps (5 or more in common),
+      it waited least in at least two thirds of them.
+    - ``wait_share``: {rank: share of the function's time spent inside collectives}: waiting for the others,
+      communication included (for DDP, only the wait of its backward for the gradient all_reduce).
+    - ``step_time``: {rank: median seconds per step} for ranks whose steps are known (DDP's synchronized
+      backward passes, else ``report(step=...)``; the newest 4096).
+    - ``peak_memory``: {rank: bytes}: the CUDA allocator's peak on the rank's GPU, else its peak resident set.
+    - ``device_memory``: {rank: bytes of the rank's GPU, or None on CPU}.
+    - ``memory``: {rank: {"peak_rss", "peak_allocated", "peak_reserved", "total"}} as measured.
+    - ``ranks_measured`` and ``final`` (every rank sent its figures at its function's end).
+    """
+
+    straggler: int | None
+    wait_share: dict
+    step_time: dict
+    peak_memory: dict
+    device_memory: dict
+    memory: dict
+    ranks_measured: list
+    final: bool
+
+    def memory_uneven(self) -> tuple[int, int] | None:
+        """(largest, smallest) rank by peak memory when the largest is ≥ 1.5x the smallest, else None."""
+        peaks = {rank: peak for rank, peak in self.peak_memory.items() if peak}
+        if len(peaks) < 2:
+            return None
+        largest, smallest = max(peaks, key=peaks.get), min(peaks, key=peaks.get)
+        return (largest, smallest) if peaks[largest] >= UNEVEN_MEMORY * peaks[smallest] else None
+
+    def summary(self) -> str:
+        """The lines the text display prints at the end: the straggler and uneven memory; "" when balanced."""
+        lines = []
+        if self.straggler is not None:
+            others = sorted(rank for rank in self.wait_share if rank != self.straggler)
+            shares = [self.wait_share[rank] for rank in others]
+            low, high = round(min(shares) * 100), round(max(shares) * 100)
+            waited = f"{low}%" if high - low <= 5 else f"{low}-{high}%"
+            who = f"rank {others[0]}" if len(others) == 1 else f"ranks {', '.join(map(str, others))}"
+            its = "its" if len(others) == 1 else "their"
+            lines.append(f"straggler: rank {self.straggler} ({who} waited {waited} of {its} time for it; it "
+                         f"waited {round(self.wait_share[self.straggler] * 100)}%)")
+        uneven = self.memory_uneven()
+        if uneven is not None:
+            largest, smallest = uneven
+            ratio = self.peak_memory[largest] / self.peak_memory[smallest]
+            lines.append(f"memory: rank {largest} peaked at {format_bytes(self.peak_memory[largest])}, {ratio:.1f}x "
+                         f"rank {smallest} (on mixed GPUs the smallest sets the batch size)")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """For the panel's Balance section (keys as strings, as JSON has them)."""
+        return {"straggler": self.straggler, "final": self.final,
+                "ranks": {str(rank): {"wait_share": self.wait_share.get(rank), "step_time": self.step_time.get(rank),
+                                      "peak_memory": self.peak_memory.get(rank),
+                                      "device_memory": self.device_memory.get(rank)}
+                          for rank in self.ranks_measured},
+                "summary": self.summary()}
+
+
+def format_bytes(count: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{int(count)} B"
+
+
+def balance_of(ranks: dict) -> Balance:
+    """The Balance of every rank's latest figures (``BalanceBook.ranks``)."""
+    wait_share, step_time, peak_memory, device_memory, memory, per_step = {}, {}, {}, {}, {}, {}
+    for rank, entry in sorted(ranks.items()):
+        wait_share[rank] = entry["waited"] / entry["elapsed"] if entry["elapsed"] > 0 else 0.0
+        durations, waits = _per_step(entry["steps"])
+        if durations:
+            step_time[rank] = statistics.median(durations.values())
+            per_step[rank] = {step: waits[step] / durations[step] if durations[step] > 0 else 0.0
+                              for step in durations}
+        cuda = entry["cuda"] or {}
+        memory[rank] = {"peak_rss": entry["peak_rss"], **{key: cuda.get(key) for key in
+                                                           ("peak_allocated", "peak_reserved", "total")}}
+        peak_memory[rank] = cuda.get("peak_allocated") or entry["peak_rss"]
+        device_memory[rank] = cuda.get("total")
+    return Balance(straggler=_straggler(wait_share, per_step), wait_share=wait_share, step_time=step_time,
+                   peak_memory=peak_memory, device_memory=device_memory, memory=memory,
+                   ranks_measured=sorted(ranks), final=bool(ranks) and all(e["final"] for e in ranks.values()))
+
+
+def _per_step(steps: list) -> tuple[dict, dict]:
+    """{step: seconds} and {step: seconds waited} from the cumulative records (the first kept one is the origin)."""
+    durations, waits = {}, {}
+    for (_, at_before, waited_before), (step, at, waited) in zip(steps, steps[1:]):
+        if step is not None and at >= at_before:
+            durations[step] = at - at_before
+            waits[step] = max(0.0, min(waited - waited_before, at - at_before))
+    return durations, waits
+
+
+def _straggler(wait_share: dict, per_step: dict) -> int | None:
+    if len(wait_share) < 2:
+        return None
+    candidate = min(wait_share, key=wait_share.get)
+    if any(share < wait_share[candidate] + STRAGGLER_GAP for rank, share in wait_share.items() if rank != candidate):
+        return None
+    if len(per_step) == len(wait_share):
+        common = set.intersection(*(set(steps) for steps in per_step.values()))
+        if len(common) >= MIN_STEPS:
+            least = sum(1 for step in common
+                        if min(per_step, key=lambda rank: per_step[rank][step]) == candidate)
+            if least < MOST_STEPS * len(common):
+                return None
+    return candidate
