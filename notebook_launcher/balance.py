@@ -68,10 +68,12 @@ class BalanceBook:
 class Balance:
     """The run's balance, by global rank.
 
-    - ``straggler``: the rank the others wait for, or None when no rank clearly is one. The rule: the rank that
-      waited the smallest share of its function's time is the straggler when every other rank waited at least
-      20 points more of its own time (``STRAGGLER_GAP``) and, where every rank has steps (5 or more in common),
-      it waited least in at least two thirds of them.
+    - ``straggler``: the rank the others wait for, or None when no rank clearly is one. The rule, over the
+      steps every rank has (5 or more in common; else over the whole function): the rank that waited the
+      smallest share of that time is the straggler when every other rank waited at least 20 points more of its
+      own (``STRAGGLER_GAP``) and, over steps, it waited least in at least two thirds of them. (Steps leave out
+      what comes before the loop, such as loading a model, which every rank waits through alike.)
+    - ``step_wait_share``: {rank: share of the common steps' time spent waiting} when the rule used steps.
     - ``wait_share``: {rank: share of the function's time spent inside collectives}: waiting for the others,
       communication included (for DDP, only the wait of its backward for the gradient all_reduce).
     - ``step_time``: {rank: median seconds per step} for ranks whose steps are known (DDP's synchronized
@@ -84,6 +86,7 @@ class Balance:
 
     straggler: int | None
     wait_share: dict
+    step_wait_share: dict
     step_time: dict
     peak_memory: dict
     device_memory: dict
@@ -103,14 +106,15 @@ class Balance:
         """The lines the text display prints at the end: the straggler and uneven memory; "" when balanced."""
         lines = []
         if self.straggler is not None:
-            others = sorted(rank for rank in self.wait_share if rank != self.straggler)
-            shares = [self.wait_share[rank] for rank in others]
+            decided_by = self.step_wait_share or self.wait_share
+            others = sorted(rank for rank in decided_by if rank != self.straggler)
+            shares = [decided_by[rank] for rank in others]
             low, high = round(min(shares) * 100), round(max(shares) * 100)
             waited = f"{low}%" if high - low <= 5 else f"{low}-{high}%"
             who = f"rank {others[0]}" if len(others) == 1 else f"ranks {', '.join(map(str, others))}"
-            its = "its" if len(others) == 1 else "their"
+            its = ("its" if len(others) == 1 else "their") + (" steps'" if self.step_wait_share else "")
             lines.append(f"straggler: rank {self.straggler} ({who} waited {waited} of {its} time for it; it "
-                         f"waited {round(self.wait_share[self.straggler] * 100)}%)")
+                         f"waited {round(decided_by[self.straggler] * 100)}%)")
         uneven = self.memory_uneven()
         if uneven is not None:
             largest, smallest = uneven
@@ -122,7 +126,9 @@ class Balance:
     def to_json(self) -> dict:
         """For the panel's Balance section (keys as strings, as JSON has them)."""
         return {"straggler": self.straggler, "final": self.final,
-                "ranks": {str(rank): {"wait_share": self.wait_share.get(rank), "step_time": self.step_time.get(rank),
+                "ranks": {str(rank): {"wait_share": self.wait_share.get(rank),
+                                      "step_wait_share": self.step_wait_share.get(rank),
+                                      "step_time": self.step_time.get(rank),
                                       "peak_memory": self.peak_memory.get(rank),
                                       "device_memory": self.device_memory.get(rank)}
                           for rank in self.ranks_measured},
@@ -141,42 +147,48 @@ def balance_of(ranks: dict) -> Balance:
     wait_share, step_time, peak_memory, device_memory, memory, per_step = {}, {}, {}, {}, {}, {}
     for rank, entry in sorted(ranks.items()):
         wait_share[rank] = entry["waited"] / entry["elapsed"] if entry["elapsed"] > 0 else 0.0
-        durations, waits = _per_step(entry["steps"])
-        if durations:
-            step_time[rank] = statistics.median(durations.values())
-            per_step[rank] = {step: waits[step] / durations[step] if durations[step] > 0 else 0.0
-                              for step in durations}
+        per_step[rank] = _per_step(entry["steps"])
+        if per_step[rank]:
+            step_time[rank] = statistics.median(duration for duration, _ in per_step[rank].values())
         cuda = entry["cuda"] or {}
         memory[rank] = {"peak_rss": entry["peak_rss"], **{key: cuda.get(key) for key in
                                                            ("peak_allocated", "peak_reserved", "total")}}
         peak_memory[rank] = cuda.get("peak_allocated") or entry["peak_rss"]
         device_memory[rank] = cuda.get("total")
-    return Balance(straggler=_straggler(wait_share, per_step), wait_share=wait_share, step_time=step_time,
+    common = set.intersection(*(set(steps) for steps in per_step.values())) if per_step else set()
+    step_wait_share = {}
+    if len(common) >= MIN_STEPS and len(ranks) >= 2:
+        for rank, steps in per_step.items():
+            total = sum(steps[step][0] for step in common)
+            step_wait_share[rank] = sum(steps[step][1] for step in common) / total if total > 0 else 0.0
+    return Balance(straggler=_straggler(step_wait_share or wait_share, per_step, common if step_wait_share else ()),
+                   wait_share=wait_share, step_wait_share=step_wait_share, step_time=step_time,
                    peak_memory=peak_memory, device_memory=device_memory, memory=memory,
                    ranks_measured=sorted(ranks), final=bool(ranks) and all(e["final"] for e in ranks.values()))
 
 
-def _per_step(steps: list) -> tuple[dict, dict]:
-    """{step: seconds} and {step: seconds waited} from the cumulative records (the first kept one is the origin)."""
-    durations, waits = {}, {}
+def _per_step(steps: list) -> dict:
+    """{step: (seconds, seconds waited)} from the cumulative records (the first kept one is the origin)."""
+    durations = {}
     for (_, at_before, waited_before), (step, at, waited) in zip(steps, steps[1:]):
         if step is not None and at >= at_before:
-            durations[step] = at - at_before
-            waits[step] = max(0.0, min(waited - waited_before, at - at_before))
-    return durations, waits
+            durations[step] = (at - at_before, max(0.0, min(waited - waited_before, at - at_before)))
+    return durations
 
 
-def _straggler(wait_share: dict, per_step: dict) -> int | None:
-    if len(wait_share) < 2:
+def _straggler(shares: dict, per_step: dict, common) -> int | None:
+    if len(shares) < 2:
         return None
-    candidate = min(wait_share, key=wait_share.get)
-    if any(share < wait_share[candidate] + STRAGGLER_GAP for rank, share in wait_share.items() if rank != candidate):
+    candidate = min(shares, key=shares.get)
+    if any(share < shares[candidate] + STRAGGLER_GAP for rank, share in shares.items() if rank != candidate):
         return None
-    if len(per_step) == len(wait_share):
-        common = set.intersection(*(set(steps) for steps in per_step.values()))
-        if len(common) >= MIN_STEPS:
-            least = sum(1 for step in common
-                        if min(per_step, key=lambda rank: per_step[rank][step]) == candidate)
-            if least < MOST_STEPS * len(common):
-                return None
+    if common:
+        least = sum(1 for step in common if min(shares, key=lambda rank: _step_share(per_step[rank][step])) == candidate)
+        if least < MOST_STEPS * len(common):
+            return None
     return candidate
+
+
+def _step_share(step: tuple) -> float:
+    duration, waited = step
+    return waited / duration if duration > 0 else 0.0

@@ -28,6 +28,14 @@ REPORTED_STEPS = "report"
 _meter = None  # the rank's meter, set by connect() in a launched worker
 
 
+class _NoRecord:
+    """A rank without a process group (one process): no collectives to wait in; its memory all the same."""
+
+    waited = 0.0
+    due = float("inf")
+    on_due = None
+
+
 class BalanceMeter:
     """One rank's figures since its function started."""
 
@@ -77,7 +85,7 @@ def memory_peaks() -> dict:
 def connect(emit, progress) -> None:
     """In a launched worker, just before the function runs: measure from now on."""
     global _meter
-    _meter = BalanceMeter(emit, progress) if progress is not None else None
+    _meter = BalanceMeter(emit, progress if progress is not None else _NoRecord())
 
 
 def step_done(source: str, step: int | None = None) -> None:

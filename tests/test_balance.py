@@ -1,0 +1,179 @@
+"""Where the time goes: the straggler, each rank's share of waiting, its steps and its peak memory.
+
+Real worker processes and real gloo collectives on CPU; the rules themselves also on figures made by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import psutil
+import pytest
+import torch
+
+from notebook_launcher import balance_meter, last_run, notebook_launcher
+from notebook_launcher.balance import BalanceBook
+from notebook_launcher.events import BALANCE
+
+
+def _ddp_with_a_slow_rank(slow_rank, steps=25, delay=0.06):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(64, 64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        if dist.get_rank() == slow_rank:
+            time.sleep(delay)  # a slower device
+        optimizer.zero_grad()
+        model(torch.randn(8, 64)).sum().backward()
+        optimizer.step()
+    return "trained"
+
+
+def test_ddp_with_a_slower_rank_names_it_the_straggler(capsys):
+    assert notebook_launcher(_ddp_with_a_slow_rank, args=(1,), num_processes=2, device="cpu",
+                             display="text") == "trained"
+    balance = last_run().balance
+    assert balance.final and balance.ranks_measured == [0, 1]
+    assert balance.straggler == 1
+    assert balance.step_wait_share[0] > balance.step_wait_share[1] + 0.5  # rank 0 waited 60 ms of every step
+    assert balance.wait_share[0] > 2 * balance.wait_share[1]  # and of the whole function
+    assert set(balance.step_time) == {0, 1} and all(0.05 < t < 1.0 for t in balance.step_time.values())
+    out = capsys.readouterr().out
+    assert "straggler: rank 1 (rank 0 waited " in out and "of its steps' time for it; it waited " in out
+    with open(os.path.join(last_run().run_dir, "run.json")) as summary:
+        assert json.load(summary)["balance"]["straggler"] == 1
+
+
+def _all_reduce_loop(slow_rank, iterations=20, delay=0.05):
+    import torch.distributed as dist
+
+    value = torch.ones(16)
+    for _ in range(iterations):
+        if dist.get_rank() == slow_rank:
+            time.sleep(delay)
+        dist.all_reduce(value)
+    return dist.get_rank()
+
+
+def test_a_plain_all_reduce_loop_with_rank_0_slow_on_three_ranks():
+    notebook_launcher(_all_reduce_loop, args=(0,), num_processes=3, device="cpu", display="text")
+    balance = last_run().balance
+    assert balance.straggler == 0
+    assert balance.step_time == {}  # no steps known: no report(step=...), no DDP
+    assert min(balance.wait_share[1], balance.wait_share[2]) > balance.wait_share[0] + 0.2
+
+
+def _balanced_steps(iterations=20):
+    import torch.distributed as dist
+
+    from notebook_launcher import report
+
+    value = torch.ones(16)
+    for step in range(iterations):
+        time.sleep(0.03)  # the same work on every rank
+        dist.all_reduce(value)
+        report(step=step + 1, total=iterations)
+
+
+def test_a_balanced_run_has_no_straggler_and_says_nothing(capsys):
+    notebook_launcher(_balanced_steps, num_processes=3, device="cpu", display="text")
+    balance = last_run().balance
+    assert balance.straggler is None
+    assert sorted(balance.wait_share) == [0, 1, 2] and sorted(balance.step_time) == [0, 1, 2]
+    assert all(0.02 < t < 0.5 for t in balance.step_time.values())
+    assert "straggler" not in capsys.readouterr().out and "straggler" not in balance.summary()
+
+
+def _uneven_memory():
+    import torch.distributed as dist
+
+    held = torch.ones((400 if dist.get_rank() == 1 else 100) * 2**20 // 4)  # 400 MB on rank 1, 100 MB on rank 0
+    held.add_(1)  # touched: resident
+    dist.barrier()
+    return float(held[0])
+
+
+def test_a_rank_holding_four_times_the_memory_is_named(capsys):
+    notebook_launcher(_uneven_memory, num_processes=2, device="cpu", display="text")
+    balance = last_run().balance
+    assert balance.peak_memory[1] > 1.5 * balance.peak_memory[0]
+    assert balance.peak_memory[1] - balance.peak_memory[0] > 250 * 2**20
+    assert balance.device_memory == {0: None, 1: None}  # CPU: no device total
+    out = capsys.readouterr().out
+    assert "memory: rank 1 peaked at " in out and "x rank 0 (on mixed GPUs the smallest sets the batch size)" in out
+
+
+def _long_enough_for_a_live_update():
+    import torch.distributed as dist
+
+    for _ in range(12):
+        time.sleep(0.1)
+        dist.barrier()
+
+
+def test_figures_arrive_while_the_run_goes_on(monkeypatch):
+    monkeypatch.setattr(balance_meter, "INTERVAL_S", 0.3)  # the forked workers inherit it
+    notebook_launcher(_long_enough_for_a_live_update, num_processes=2, device="cpu", display="text")
+    for rank in (0, 1):
+        sent = [event.data for event in last_run().events if event.kind == BALANCE and event.rank == rank]
+        assert len(sent) >= 3 and [data["final"] for data in sent].count(True) == 1 and sent[-1]["final"]
+        assert [data["elapsed"] for data in sent] == sorted(data["elapsed"] for data in sent)
+
+
+def test_a_run_in_the_kernel_itself_has_an_empty_balance():
+    assert notebook_launcher(os.getpid, num_processes=1, device="cpu", display="text") == os.getpid()
+    balance = last_run().balance
+    assert balance.ranks_measured == [] and balance.straggler is None and balance.summary() == ""
+    assert psutil.Process().children(recursive=True) == []
+
+
+# -- the rules, on figures made by hand ---------------------------------------------------------------------------
+def _figures(rank_waits: dict, step_waits: dict | None = None, steps: int = 10) -> BalanceBook:
+    """Each rank ran ``steps`` steps of 1 s; ``step_waits[rank]``: its wait in each step."""
+    book = BalanceBook()
+    for rank, share in rank_waits.items():
+        waits = (step_waits or {}).get(rank, [share] * steps)
+        records, so_far = [[0, 0.0, 0.0]], 0.0
+        for step, wait in enumerate(waits, start=1):
+            so_far += wait
+            records.append([step, float(step), so_far])
+        assert book.observe(rank, BALANCE, {"elapsed": float(steps), "waited": so_far, "steps": records,
+                                            "step_source": "report", "final": True, "peak_rss": 10**8, "cuda": None})
+    return book
+
+
+def test_the_straggler_rule_needs_a_clear_gap():
+    assert _figures({0: 0.05, 1: 0.5, 2: 0.45}).balance().straggler == 0
+    assert _figures({0: 0.05, 1: 0.5, 2: 0.15}).balance().straggler is None  # rank 2 barely waits for it
+    assert _figures({0: 0.2, 1: 0.25}).balance().straggler is None
+
+
+def test_the_straggler_must_wait_least_in_most_steps():
+    # rank 1 waits far less in total, but only because rank 0 waited long in 4 steps; in the other 6 rank 0
+    # waited least: neither is the one the other waits for at every step
+    book = _figures({0: 0, 1: 0}, step_waits={0: [0.0] * 6 + [1.0] * 4, 1: [0.1] * 6 + [0.0] * 4})
+    balance = book.balance()
+    assert balance.step_wait_share[0] > balance.step_wait_share[1] + 0.2
+    assert balance.straggler is None
+    steady = _figures({0: 0, 1: 0}, step_waits={0: [0.1] * 10, 1: [0.4] * 10}).balance()
+    assert steady.straggler == 0 and steady.step_time == {0: 1.0, 1: 1.0}
+
+
+@pytest.mark.parametrize("data", [
+    None, [], {"elapsed": "1"}, {"elapsed": float("nan"), "waited": 0}, {"elapsed": -1, "waited": 0},
+    {"elapsed": 1.0, "waited": 0.5, "steps": "x"}, {"elapsed": 1.0, "waited": 0.5, "steps": [[1, "a", 0], [True]]},
+    {"elapsed": 1.0, "waited": 2.0, "cuda": {"peak_allocated": "lots"}, "peak_rss": -5},
+])
+def test_figures_of_any_form_from_a_pipe_never_raise(data):
+    book = BalanceBook()
+    book.observe(0, BALANCE, data)
+    book.observe(1, BALANCE, {"elapsed": 1.0, "waited": 0.1, "steps": [], "final": True})
+    balance = book.balance()
+    assert set(balance.ranks_measured) <= {0, 1} and all(0 <= share <= 1 for share in balance.wait_share.values())
+    balance.summary()
+    json.dumps(balance.to_json())
