@@ -128,7 +128,9 @@ def check_gpus(num_processes: int | None, gpus: list[dict]) -> Check:
         slowest = min(gpus, key=lambda gpu: (float(gpu["capability"]), gpu.get("multiprocessors", 0)))
         return Check("GPUs", WARNING, f"mixed GPUs: {names}. The batch size is bounded by {smallest['name']} "
                      f"({smallest['memory_bytes'] / 2**30:.0f} GiB) and every step waits for {slowest['name']}",
-                     "size the per-device batch for the smallest GPU; expect the speed of the slowest")
+                     "size the per-device batch for the smallest GPU; expect the speed of the slowest. While a "
+                     "run goes on, the panel's Balance section (after it, last_run().balance.summary()) shows "
+                     "which rank the others wait for and each rank's peak memory")
     return Check("GPUs", OK, f"{len(gpus)} x {names.split(' (')[0]}: {names}")
 
 

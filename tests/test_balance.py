@@ -177,3 +177,15 @@ def test_figures_of_any_form_from_a_pipe_never_raise(data):
     assert set(balance.ranks_measured) <= {0, 1} and all(0 <= share <= 1 for share in balance.wait_share.values())
     balance.summary()
     json.dumps(balance.to_json())
+
+
+def test_the_readmes_example_runs_and_prints_what_the_readme_shows(capsys):
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as readme:
+        section = readme.read().split("## Why is my run not N times faster?")[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    balance = last_run().balance
+    assert balance.straggler == 1 and balance.wait_share[1] < min(balance.wait_share[0], balance.wait_share[2])
+    out = capsys.readouterr().out
+    assert "straggler: rank 1 (ranks 0, 2 waited " in out and "of their steps' time for it; it waited " in out
+    assert "memory: rank 1 peaked at " in out

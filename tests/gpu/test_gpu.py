@@ -155,3 +155,26 @@ def test_a_hang_on_nccl_gets_a_notice_naming_the_busy_rank():
         print("notice", opened["ranks"]["1"]["state"], opened["ranks"]["0"]["state"])
     """)
     assert "notice busy waiting" in out
+
+
+@two_gpus
+def test_balance_reads_each_gpus_allocator_and_names_the_slow_and_the_large_rank():
+    out = in_a_fresh_kernel(f"""
+        import time, torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        from notebook_launcher import last_run, notebook_launcher
+        def train():
+            model = DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
+            held = torch.ones((1024 if dist.get_rank() == 1 else 256) * 2**20 // 4, device="cuda")
+            for _ in range(20):
+                if dist.get_rank() == 1:
+                    time.sleep(0.05)
+                model(torch.randn(32, 256, device="cuda")).sum().backward()
+            torch.cuda.synchronize()
+        notebook_launcher(train, num_processes={GPUS}, device="cuda", display="text")
+        balance = last_run().balance
+        total = torch.cuda.get_device_properties(0).total_memory
+        print("straggler", balance.straggler, "device", balance.device_memory[0] == total,
+              "uneven", balance.peak_memory[1] > 2 * balance.peak_memory[0] > 0)
+    """)
+    assert "straggler 1 device True uneven True" in out and "memory: rank 1 peaked at" in out
