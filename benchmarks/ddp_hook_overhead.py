@@ -1,17 +1,23 @@
-"""What recording DDP's collectives costs per training step: plain DDP vs DDP watched by ``ddp_watch``.
+"""What watching DDP costs per training step: plain DDP vs DDP recorded by ``ddp_watch`` vs recorded and measured
+for the run's balance (``balance_meter``).
 
 A small model (Linear(256, 256) x 3 with ReLUs, batch 32, SGD) on 2 CPU ranks (gloo), in workers of
-``notebook_launcher``. Each rank builds one DDP model and trains it in blocks of steps that alternate between
-plain (the model's watch taken off: torch's DDP as it is, plus the one dictionary look-up of our patched
-``_post_forward``) and watched (the record updated at every forward and backward, as in any launch). One model
-for both: two instances of the same model differ by a few percent from their memory layout alone. The blocks
-alternate in the same processes, which one goes first too, so load changes hit both alike; a block's time per
-step is its total over its steps.
+``notebook_launcher``. Each rank builds one DDP model (two instances of one model differ by a few percent from
+their memory layout alone) and trains it step by step, switching between the variants at every step:
 
-Run: ``.venv/bin/python benchmarks/ddp_hook_overhead.py [launches]``. Prints µs per step (median over blocks,
-ranks and launches), the watched / plain ratio (median and spread over the block pairs), the watch's own work
-measured alone in this process (µs per step, no DDP or gloo: far less noise than a 2-rank step), and writes
-benchmarks/results/ddp_hook_overhead.json. Aim: ratio ≤ 1.02.
+- ``plain``: the model's watch taken off (torch's DDP as it is, plus the one dictionary look-up of our patched
+  ``_post_forward``), and ``plain again``, the same: the A/A pair, which shows the noise floor;
+- ``watched``: the record updated at every forward and backward (issue: hangs inside DDP), balance meter off;
+- ``measured``: watched and measured, as in any launch.
+
+A round runs each variant once, in an order reversed every round, so drift and load hit every variant alike;
+both ranks run the same sequence, in lockstep. Per launch and rank, the ratio of each variant's median step
+time to plain's; the figures are the medians of those ratios over ranks and launches, with their range. Also
+the main thread's CPU time per step (``time.thread_time``: less noisy than the wall clock on a shared machine)
+and the watch's own work measured alone in this process (no DDP, no gloo).
+
+Run: ``.venv/bin/python benchmarks/ddp_hook_overhead.py [launches] [rounds]``; writes
+benchmarks/results/ddp_hook_overhead.json. Aims: watched / plain ≤ 1.02, measured / watched ≤ 1.01.
 """
 
 from __future__ import annotations
@@ -28,11 +34,11 @@ from common import HERE, write_json
 
 from notebook_launcher import last_run, notebook_launcher
 
-LAUNCHES = 3
-BLOCKS = 30  # block pairs per launch
-STEPS = 40  # steps per block
-WARMUP = 4  # blocks (half plain, half watched) before the measured ones
+LAUNCHES = 5
+ROUNDS = 600
+WARMUP = 30  # rounds before the measured ones
 WORLD = 2
+VARIANTS = ("plain", "plain again", "watched", "measured")
 RESULTS = os.path.join(HERE, "results", "ddp_hook_overhead.json")
 
 
@@ -42,52 +48,48 @@ def _model():
                                torch.nn.ReLU(), torch.nn.Linear(256, 256))
 
 
-def _pairs(blocks: int, steps: int) -> list[tuple[float, float]]:
-    """In a worker: (plain, watched) µs per step for each block pair."""
+def _steps(rounds: int) -> dict:
+    """In a worker: {variant: {"wall": [s per step], "cpu": [s per step]}}."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher import balance_meter, ddp_watch
 
-    record = ddp_watch._progress
     model = DistributedDataParallel(_model())
-    watch = model.__dict__[ddp_watch._ATTRIBUTE]
+    watch, meter = model.__dict__[ddp_watch._ATTRIBUTE], balance_meter._meter
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     inputs = torch.randn(32, 256, generator=torch.Generator().manual_seed(dist.get_rank()))
-
-    def block(watched: bool) -> float:
-        if watched:
-            model.__dict__[ddp_watch._ATTRIBUTE] = watch
-        else:
-            model.__dict__.pop(ddp_watch._ATTRIBUTE, None)
-        dist.barrier()  # both ranks start the block together
-        started = time.perf_counter()
-        for _ in range(steps):
+    attributes = model.__dict__
+    times = {variant: {"wall": [], "cpu": []} for variant in VARIANTS}
+    wall, cpu = time.perf_counter, time.thread_time
+    dist.barrier()
+    for index in range(WARMUP + rounds):
+        for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+            if variant.startswith("plain"):
+                attributes.pop(ddp_watch._ATTRIBUTE, None)
+            else:
+                attributes[ddp_watch._ATTRIBUTE] = watch
+            balance_meter._meter = meter if variant == "measured" else None
+            started, started_cpu = wall(), cpu()
             optimizer.zero_grad()
             model(inputs).square().mean().backward()
             optimizer.step()
-        return (time.perf_counter() - started) / steps * 1e6
-
-    for watched in (False, True):
-        for _ in range(WARMUP // 2):
-            block(watched)
-    pairs = []
-    for index in range(blocks):
-        first = index % 2 == 0  # alternate which goes first
-        times = {first: block(first), not first: block(not first)}
-        pairs.append((times[False], times[True]))
-    seen = record.read()  # only the watched blocks counted
-    assert seen["operation"] == "DDP gradient all_reduce" and seen["step"] == (WARMUP // 2 + blocks) * steps
-    return pairs
+            if index >= WARMUP:
+                times[variant]["wall"].append(wall() - started)
+                times[variant]["cpu"].append(cpu() - started_cpu)
+    balance_meter._meter = meter
+    assert ddp_watch._progress.read()["operation"] == "DDP gradient all_reduce"
+    return times
 
 
 def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
-    """µs per step of the watch's own work, without DDP or gloo: a Linear(64, 64) forward and backward in this
-    process, bare vs with what a watched DDP model adds (the output's hook, the record, the two callbacks)."""
+    """µs per step of the watch's and the meter's own work, without DDP or gloo: a Linear(64, 64) forward and
+    backward in this process, bare vs with what a watched DDP model adds (the output's hook, the record, the
+    two callbacks) and with the meter's step too."""
     import tempfile
     import timeit
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher import balance_meter, ddp_watch
     from notebook_launcher.progress_record import ProgressRecord
 
     class Model:  # what the watch reads of a DDP model
@@ -108,44 +110,61 @@ def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
             watch.after_forward(model, output)
             output.sum().backward()
 
-        best = {name: min(timeit.repeat(case, number=calls, repeat=repeats)) / calls * 1e6
-                for name, case in (("bare", bare), ("watched", watched), ("bare again", bare))}
-        assert record.read()["step"] == calls * repeats
+        cases = (("bare", bare), ("watched", watched), ("measured", watched), ("bare again", bare))
+        best = {}
+        for name, case in cases:
+            balance_meter.connect(lambda kind, data: None, record) if name == "measured" else None
+            best[name] = min(timeit.repeat(case, number=calls, repeat=repeats)) / calls * 1e6
+            balance_meter._meter = None
         ddp_watch._progress = None
         record.close()
     torch.set_num_threads(threads)
-    best["added"] = best["watched"] - min(best["bare"], best["bare again"])
-    return best
+    bare_best = min(best["bare"], best["bare again"])
+    return {**best, "watch": best["watched"] - bare_best, "meter": best["measured"] - best["watched"]}
+
+
+def _summary(values: list) -> str:
+    return f"{statistics.median(values):.3f}x (range {min(values):.3f}-{max(values):.3f}x)"
 
 
 def main() -> None:
     launches = int(sys.argv[1]) if len(sys.argv) > 1 else LAUNCHES
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else ROUNDS
     os.environ.pop("NOTEBOOK_LAUNCHER_DDP_WATCH", None)
-    pairs = []
+    load_before = os.getloadavg()[0]
+    ratios = {clock: {variant: [] for variant in VARIANTS} for clock in ("wall", "cpu")}
+    medians = {clock: {variant: [] for variant in VARIANTS} for clock in ("wall", "cpu")}
     for _ in range(launches):
         with contextlib.redirect_stdout(io.StringIO()):
-            notebook_launcher(_pairs, args=(BLOCKS, STEPS), num_processes=WORLD, device="cpu")
-        for rank_pairs in last_run().results.values():
-            pairs += rank_pairs
-    plain = statistics.median(p for p, _ in pairs)
-    watched = statistics.median(w for _, w in pairs)
-    ratios = sorted(w / p for p, w in pairs)
-    quartiles = statistics.quantiles(ratios, n=4)
-    print(f"µs per step, Linear(256,256)x3, batch 32, {WORLD} CPU ranks (gloo): {launches} launches x "
-          f"{BLOCKS} block pairs x {STEPS} steps, per rank")
-    print(f"  plain DDP             {plain:9.1f}")
-    print(f"  DDP watched (ours)    {watched:9.1f}")
-    print(f"  ratio of the medians  {watched / plain:9.3f}x")
-    print(f"  ratio per block pair  median {statistics.median(ratios):.3f}x, quartiles {quartiles[0]:.3f}x-"
-          f"{quartiles[2]:.3f}x, min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x")
+            notebook_launcher(_steps, args=(rounds,), num_processes=WORLD, device="cpu")
+        for times in last_run().results.values():
+            for clock in ("wall", "cpu"):
+                plain = statistics.median(times["plain"][clock])
+                for variant in VARIANTS:
+                    value = statistics.median(times[variant][clock])
+                    medians[clock][variant].append(value * 1e6)
+                    ratios[clock][variant].append(value / plain)
+    measured_over_watched = {clock: [m / w for m, w in zip(ratios[clock]["measured"], ratios[clock]["watched"])]
+                             for clock in ("wall", "cpu")}
+    print(f"µs per step, Linear(256,256)x3, batch 32, {WORLD} CPU ranks (gloo): {launches} launches x {rounds} "
+          f"rounds, the variants alternating step by step; load {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
+    for clock, title in (("wall", "wall clock"), ("cpu", "main thread's CPU time")):
+        print(f"  {title}:")
+        for variant in VARIANTS:
+            print(f"    {variant:12s} {statistics.median(medians[clock][variant]):8.1f} µs   / plain "
+                  f"{_summary(ratios[clock][variant])}")
+        print(f"    measured / watched   {_summary(measured_over_watched[clock])}")
     alone = mechanism_alone()
-    print(f"  the watch's own work alone (no DDP, no gloo): {alone['added']:.1f} µs per step "
-          f"({alone['added'] / plain * 100:.2f} % of the plain DDP step above)")
-    aim = statistics.median(ratios) <= 1.02
-    print(f"aim: watched / plain <= 1.02: {'met' if aim else 'NOT met'}")
-    write_json(RESULTS, {"us_per_step_median": {"plain": plain, "watched": watched},
-                         "ratio_of_medians": watched / plain, "ratio_per_pair_median": statistics.median(ratios),
-                         "ratio_quartiles": [quartiles[0], quartiles[2]], "alone_us": alone, "pairs": pairs})
+    print(f"  alone (no DDP, no gloo): the watch {alone['watch']:.1f} µs per step, the meter "
+          f"{alone['meter']:.1f} µs per step")
+    watched = statistics.median(ratios["wall"]["watched"])
+    measured = statistics.median(measured_over_watched["wall"])
+    print(f"aim: watched / plain <= 1.02: {'met' if watched <= 1.02 else 'NOT met'} ({watched:.3f}x); "
+          f"measured / watched <= 1.01: {'met' if measured <= 1.01 else 'NOT met'} ({measured:.3f}x); "
+          f"A/A {statistics.median(ratios['wall']['plain again']):.3f}x")
+    write_json(RESULTS, {"ratios": ratios, "measured_over_watched": measured_over_watched,
+                         "median_us": medians, "alone_us": alone, "launches": launches, "rounds": rounds,
+                         "load": [load_before, os.getloadavg()[0]]})
     print(f"wrote {RESULTS}")
 
 
