@@ -146,4 +146,22 @@ export interface IRun {
   result?: { type?: string } | null;
   hang?: IHang | null;
   hangs?: IHang[];
+  balance?: IBalance | null;
+}
+
+/** One rank's figures in the Balance section (shares are fractions of the rank's time). */
+export interface IBalanceRank {
+  wait_share?: number | null;
+  step_wait_share?: number | null;
+  step_time?: number | null;
+  peak_memory?: number | null;
+  device_memory?: number | null;
+}
+
+/** Where the time goes (`notebook_launcher/balance.py`, `Balance.to_json()`). */
+export interface IBalance {
+  straggler?: number | null;
+  final?: boolean;
+  ranks?: Record<string, IBalanceRank>;
+  summary?: string;
 }
