@@ -146,4 +146,8 @@ export interface IRun {
   result?: { type?: string } | null;
   hang?: IHang | null;
   hangs?: IHang[];
+  /** Set when the output was cut to its budget (the run log has everything). */
+  saved?: { limit?: number; lines_total?: number; lines_kept?: number } | null;
+  /** The number of the last update this state includes (deltas over the comm). */
+  seq?: number;
 }
