@@ -20,7 +20,12 @@ export interface ICommLike {
   send(data: unknown): unknown;
   onMsg: ((msg: { content: { data: unknown } }) => void | PromiseLike<void>) | null;
   onClose: ((msg: unknown) => void | PromiseLike<void>) | null;
+  /** Resolves once the comm's kernel subshell exists (JupyterLab 4.4+; never, where the kernel has none). */
+  subshellStarted?: Promise<void>;
 }
+
+/** How long to wait for the subshell before opening on the main shell (answered only once the cell is done). */
+const SUBSHELL_WAIT_MS = 3000;
 
 /** What the panel needs of a kernel connection (JupyterLab's `Kernel.IKernelConnection`). */
 export interface IKernelLike {
@@ -65,11 +70,18 @@ class Follow {
         this.comm = null;
       }
     };
-    try {
-      void Promise.resolve(comm.open({ run_id: this.runId })).catch(() => (this.comm = null));
-    } catch {
-      this.comm = null;
-    }
+    // opened before its subshell exists, the comm would go to the main shell, busy with the launching cell
+    const started = comm.subshellStarted
+      ? Promise.race([comm.subshellStarted, new Promise(resolve => setTimeout(resolve, SUBSHELL_WAIT_MS))])
+      : Promise.resolve();
+    void started
+      .catch(() => undefined)
+      .then(() => comm.open({ run_id: this.runId }))
+      .catch(() => {
+        if (this.comm === comm) {
+          this.comm = null;
+        }
+      });
   }
 
   receive(message: LiveMessage): void {

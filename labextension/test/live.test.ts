@@ -40,6 +40,7 @@ describe('applyDelta', () => {
 });
 
 class FakeComm implements ICommLike {
+  subshellStarted?: Promise<void>;
   opened: unknown[] = [];
   sent: unknown[] = [];
   onMsg: ICommLike['onMsg'] = null;
@@ -48,6 +49,8 @@ class FakeComm implements ICommLike {
   send(data: unknown) { this.sent.push(data); }
   deliver(data: unknown) { void this.onMsg?.({ content: { data } }); }
 }
+
+const flush = () => new Promise(resolve => setTimeout(resolve, 0));
 
 class FakeKernel implements IKernelLike {
   comms: { target: string; comm: FakeComm }[] = [];
@@ -68,12 +71,13 @@ function lineTexts(root: ParentNode, rankId: number): string[] {
 describe('a panel following its run over a comm', () => {
   afterEach(() => { resetLive(); setKernelFinder(null); document.body.replaceChildren(); });
 
-  it('opens one comm for a running run, shows the full state then each delta, and ignores older outputs', () => {
+  it('opens one comm for a running run, shows the full state then each delta, and ignores older outputs', async () => {
     const kernel = new FakeKernel();
     setKernelFinder(() => kernel);
     const payload = { ...run({ ranks: [rank(0), rank(1)] }), seq: 0 };
     const first = mount(payload);
     const second = mount(payload); // the same run shown twice in the page: one comm
+    await flush();
     expect(kernel.comms.map(c => [c.target, c.comm.opened])).toEqual([[TARGET, [{ run_id: payload.run_id }]]]);
     const comm = kernel.comms[0].comm;
     const full: IFull = { type: 'full', run_id: payload.run_id!, seq: 3, caps: { lines: 200, history: 200 },
@@ -104,6 +108,24 @@ describe('a panel following its run over a comm', () => {
     comm.deliver(delta(41, { ranks: [{ rank: 0, lines: [[81, 31, 'stdout', 'next']] }] }));
     expect(lineTexts(renderer.node, 0)).toEqual(['now', 'next']);
     expect(renderer.node.querySelector('.nl-rank .nl-dropped')?.textContent).toContain('79 earlier lines');
+  });
+
+  it('opens the comm only once its kernel subshell exists, so a busy main shell does not hold it', async () => {
+    let started: () => void = () => undefined;
+    const kernel = new FakeKernel();
+    const create = kernel.createComm.bind(kernel);
+    kernel.createComm = (target: string) => {
+      const comm = create(target);
+      comm.subshellStarted = new Promise<void>(resolve => (started = resolve));
+      return comm;
+    };
+    setKernelFinder(() => kernel);
+    mount(run());
+    await flush();
+    expect(kernel.comms[0].comm.opened).toEqual([]);
+    started();
+    await flush();
+    expect(kernel.comms[0].comm.opened).toEqual([{ run_id: run().run_id }]);
   });
 
   it('shows the output alone when no kernel answers, and opens no comm for an ended run', () => {
