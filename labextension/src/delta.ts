@@ -4,7 +4,7 @@
  * check that deltas rebuild the kernel's state.
  */
 
-import { IHistoryPoint, ILine, IRank, IRun } from './schema';
+import { IHistoryPoint, ILine, IProgress, IRank, IRun } from './schema';
 
 /** How many lines and chart points per rank the receiver keeps (the kernel's own bounds). */
 export interface ICaps {
@@ -15,11 +15,16 @@ export interface ICaps {
 /** `[n, t, kind, text]`, or `[n, t, "log", text, level, logger]`. */
 export type LineRow = [number, number, string, string, (string | null)?, (string | null)?];
 
+/** `[step, t, step_time, metrics]`. */
+export type PointRow = [number | null, number, number | null, Record<string, number>];
+
 export interface IRankDelta extends Partial<Omit<IRank, 'lines' | 'history'>> {
   rank: number;
   new?: boolean;
   lines?: LineRow[];
-  history?: IHistoryPoint[];
+  history?: PointRow[];
+  /** Instead of `progress`: make it from the new points, as report() does (`derivedProgress`). */
+  progress_from_history?: boolean;
 }
 
 export interface IDelta {
@@ -54,6 +59,18 @@ export function expandLine(row: LineRow): ILine {
   return line;
 }
 
+export function expandPoint(row: PointRow): IHistoryPoint {
+  return { step: row[0], t: row[1], step_time: row[2], metrics: row[3] };
+}
+
+/** The last point's step and step time, the total as before, every metric's latest value. */
+export function derivedProgress(progress: IProgress | null | undefined, points: IHistoryPoint[]): IProgress {
+  const metrics: Record<string, number> = { ...(progress?.metrics || {}) };
+  points.forEach(point => Object.assign(metrics, point.metrics || {}));
+  const last = points[points.length - 1];
+  return { step: last?.step ?? null, total: progress?.total ?? null, metrics, step_time: last?.step_time ?? null };
+}
+
 function blankRank(rank: number): IRank {
   return { rank, host: null, status: 'starting', pid: null, exit_code: null, lines: [], lines_total: 0,
     lines_dropped: 0, progress: null, history: [] };
@@ -74,10 +91,15 @@ export function applyDelta(state: LiveRun, delta: IDelta, caps: ICaps): LiveRun 
   for (const change of delta.ranks || []) {
     const rank: IRank = { ...(ranks.get(change.rank) || blankRank(change.rank)) };
     const lines = (change.lines || []).map(expandLine);
+    const points = (change.history || []).map(expandPoint);
+    const skip = new Set(['rank', 'lines', 'history', 'new', 'progress_from_history']);
     for (const [name, value] of Object.entries(change)) {
-      if (name !== 'rank' && name !== 'lines' && name !== 'history' && name !== 'new') {
+      if (!skip.has(name)) {
         (rank as unknown as Record<string, unknown>)[name] = value;
       }
+    }
+    if (change.progress_from_history) {
+      rank.progress = derivedProgress(rank.progress, points);
     }
     if (change.lines_total === undefined) {
       rank.lines_total = (rank.lines_total || 0) + lines.length;
@@ -85,8 +107,8 @@ export function applyDelta(state: LiveRun, delta: IDelta, caps: ICaps): LiveRun 
     if (lines.length) {
       rank.lines = [...(rank.lines || []), ...lines].slice(-caps.lines);
     }
-    if (change.history && change.history.length) {
-      rank.history = [...(rank.history || []), ...change.history].slice(-caps.history);
+    if (points.length) {
+      rank.history = [...(rank.history || []), ...points].slice(-caps.history);
     }
     rank.lines_dropped = (rank.lines_total || 0) - (rank.lines || []).length;
     ranks.set(change.rank, rank);

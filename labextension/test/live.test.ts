@@ -17,7 +17,7 @@ describe('applyDelta', () => {
     const start = { ...run({ ranks: [rank(0, { lines: [line(1, 'a')], lines_total: 1 }), rank(1)] }), seq: 4 };
     const rows: LineRow[] = [[2, 0.2, 'stdout', 'b'], [3, 0.3, 'log', 'c', 'WARNING', 'train'], [5, 0.5, 'stderr', 'd']];
     const next = applyDelta(start, delta(5, { ranks: [{ rank: 0, lines: rows, status: 'failed',
-      history: [{ step: 1 }, { step: 2 }, { step: 3 }] }] }), CAPS);
+      history: [[1, 0.1, null, {}], [2, 0.2, 0.1, {}], [3, 0.3, 0.1, {}]] }] }), CAPS);
     const zero = next.ranks![0];
     expect(zero.lines!.map(l => l.text)).toEqual(['b', 'c', 'd']);
     expect(zero.lines![1]).toEqual({ n: 3, t: 0.3, kind: 'log', text: 'c', level: 'WARNING', logger: 'train' });
@@ -25,6 +25,16 @@ describe('applyDelta', () => {
     expect(zero.history!.map(p => p.step)).toEqual([2, 3]);
     expect(next.ranks![1]).toBe(start.ranks![1]); // untouched ranks are kept as they were
     expect([next.seq, next.elapsed, start.ranks![0].lines!.length]).toEqual([5, 5, 1]); // the old state is unchanged
+  });
+
+  it('makes the progress from the new points when the kernel says so, as report() does', () => {
+    const start = { ...run({ ranks: [rank(0, { progress: { step: 4, total: 10, metrics: { loss: 1, acc: 0.5 },
+      step_time: 0.2 } })] }), seq: 1 };
+    const next = applyDelta(start, delta(2, { ranks: [{ rank: 0, progress_from_history: true,
+      history: [[5, 1.0, 0.25, { loss: 0.8 }], [6, 1.2, 0.2, { loss: 0.7 }]] }] }), CAPS);
+    expect(next.ranks![0].progress).toEqual({ step: 6, total: 10, metrics: { loss: 0.7, acc: 0.5 }, step_time: 0.2 });
+    expect(next.ranks![0].history).toEqual([{ step: 5, t: 1.0, step_time: 0.25, metrics: { loss: 0.8 } },
+      { step: 6, t: 1.2, step_time: 0.2, metrics: { loss: 0.7 } }]);
   });
 
   it('takes lines_total when more lines came than the state keeps, adds and drops ranks by order', () => {

@@ -32,17 +32,43 @@ Render = Callable[[dict], dict]  # a state payload -> the whole bundle (payload,
 
 def saved_size(bundle: dict) -> int:
     """Bytes of this bundle in an .ipynb as nbformat writes it (indent 1, nested in a cell's output, strings as
-    lists of lines)."""
+    lists of lines): the compact JSON (C encoder) plus the indentation, counted by a walk (``indent=`` would
+    make json use its pure-Python encoder, ten times slower)."""
     data = {mime: value.splitlines(True) if isinstance(value, str) else value for mime, value in bundle.items()}
-    return len(json.dumps({"cells": [{"outputs": [{"data": data}]}]}, indent=1, ensure_ascii=False)
-               .encode("utf-8", "surrogatepass"))
+    document = {"cells": [{"outputs": [{"data": data}]}]}
+    return len(json.dumps(document, ensure_ascii=False).encode("utf-8", "surrogatepass")) + _indentation(document, 0)
+
+
+def _indentation(value, depth: int) -> int:
+    """What ``indent=1`` adds to compact JSON: a newline and the depth's spaces before each item and the closing
+    bracket, less the space after each "," (indent uses "," alone)."""
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return 0
+    count = len(items)
+    if not count:
+        return 0
+    extra = count * (depth + 2) + depth + 1 - (count - 1)
+    for item in items:
+        if isinstance(item, (dict, list)):
+            extra += _indentation(item, depth + 1)
+    return extra
+
+
+def _rough_size(payload: dict) -> int:
+    """A cheap lower bound of the saved bundle's size: each line's text is in all three renderings."""
+    return sum(3 * len(line.get("text") or "") for rank in payload.get("ranks") or [] for line in rank.get("lines") or [])
 
 
 def bounded_bundle(payload: dict, render: Render, limit: int = SAVED_BYTES) -> dict:
     """The bundle of ``payload`` within ``limit`` bytes (see the module's docstring for how it is shared)."""
-    bundle = render(payload)
-    if saved_size(bundle) <= limit:
-        return bundle
+    if _rough_size(payload) <= limit:
+        bundle = render(payload)
+        if saved_size(bundle) <= limit:
+            return bundle
     base = _bounded_parts(payload, limit)
     lines_total = sum(rank.get("lines_total", 0) for rank in payload["ranks"])
     lean = _with_lines(base, payload, [0] * len(payload["ranks"]), limit, lines_total)
@@ -59,7 +85,7 @@ def bounded_bundle(payload: dict, render: Render, limit: int = SAVED_BYTES) -> d
         if fits:
             best = candidate
             everything = all(count == len(rank.get("lines") or []) for count, rank in zip(counts, payload["ranks"]))
-            if everything or size - fixed >= room * 0.9:
+            if everything or size - fixed >= room * 0.85:
                 break
         share = int(share * room / max(1, size - fixed) * 0.97)
     return best

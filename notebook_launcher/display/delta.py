@@ -7,8 +7,10 @@ A delta carries, with ``seq`` (this update's number) and ``base`` (the one it ap
 - ``set``: each top-level field whose value changed (the header's ``elapsed`` always), whole;
 - ``order``: the rank numbers, only when the set of ranks changed (a rank not listed goes);
 - ``ranks``: per rank that changed, its changed fields, its new ``lines`` (each ``[n, t, kind, text]`` or
-  ``[n, t, "log", text, level, logger]``, oldest first) and new chart ``history`` points, appended and cut to the
-  newest ``caps["lines"]`` / ``caps["history"]``; ``lines_total`` only when it is not the old count plus the new
+  ``[n, t, "log", text, level, logger]``, oldest first) and new chart ``history`` points (each
+  ``[step, t, step_time, metrics]``), appended and cut to the newest ``caps["lines"]`` / ``caps["history"]``;
+  ``progress_from_history`` instead of ``progress`` when the receiver can make it from the new points
+  (``derived_progress``: what a report() does); ``lines_total`` only when it is not the old count plus the new
   lines (more lines came than the state keeps); ``new`` when the receiver starts the rank afresh (a rank it
   has not seen, or one a rendezvous remade).
 
@@ -29,6 +31,25 @@ def compact_line(line: dict) -> list:
     if "level" in line:
         out += [line["level"], line.get("logger")]
     return out
+
+
+def compact_point(point: dict) -> list:
+    return [point["step"], point["t"], point["step_time"], point["metrics"]]
+
+
+def expand_point(row: list) -> dict:
+    return {"step": row[0], "t": row[1], "step_time": row[2], "metrics": row[3]}
+
+
+def derived_progress(progress: dict | None, points: list[dict]) -> dict:
+    """A rank's progress as its new chart points tell it (what a report() makes of them): the last point's step
+    and step time, the total as before, every metric's latest value."""
+    before = progress or {}
+    metrics = dict(before.get("metrics") or {})
+    for point in points:
+        metrics.update(point["metrics"])
+    return {"step": points[-1]["step"], "total": before.get("total"), "metrics": metrics,
+            "step_time": points[-1]["step_time"]}
 
 
 def expand_line(row: list) -> dict:
@@ -99,10 +120,16 @@ class DeltaTracker:
         if before is None or before["object"] is not rank:  # a rank new to the receiver, or one set_ranks remade
             before = {"fields": {}, "n": 0, "total": 0, "history": 0}
             change["new"] = True
+        new_points = min(rank.history_count - before["history"], len(rank.history))
+        points = list(rank.history)[-new_points:] if new_points > 0 else []
         for name in RANK_FIELDS:
             value = getattr(rank, name)
             if name not in before["fields"] or before["fields"][name] != value:
                 change[name] = value
+        if "progress" in change and points and "new" not in change and \
+                derived_progress(before["fields"].get("progress"), points) == rank.progress:
+            del change["progress"]  # the usual case: the receiver makes it from the points (half the bytes)
+            change["progress_from_history"] = True
         fresh = []
         for line in reversed(rank.lines):
             if line["n"] <= before["n"]:
@@ -112,9 +139,8 @@ class DeltaTracker:
             change["lines"] = fresh[::-1]
         if rank.lines_total != before["total"] + len(fresh) or "new" in change:
             change["lines_total"] = rank.lines_total
-        new_points = min(rank.history_count - before["history"], len(rank.history))
-        if new_points > 0:
-            change["history"] = list(rank.history)[-new_points:]
+        if points:
+            change["history"] = [compact_point(point) for point in points]
         self._ranks[number] = self._remember(rank)
         if not change:
             return None
@@ -135,15 +161,18 @@ def apply_delta(state: dict, delta: dict, caps: dict) -> dict:
     for change in delta.get("ranks") or []:
         rank = dict(ranks[change["rank"]])
         lines = [expand_line(row) for row in change.get("lines") or []]
+        points = [expand_point(row) for row in change.get("history") or []]
         for name, value in change.items():
-            if name not in ("rank", "lines", "history", "new"):
+            if name not in ("rank", "lines", "history", "new", "progress_from_history"):
                 rank[name] = value
+        if change.get("progress_from_history"):
+            rank["progress"] = derived_progress(rank.get("progress"), points)
         if "lines_total" not in change:
             rank["lines_total"] = rank.get("lines_total", 0) + len(lines)
         if lines:
             rank["lines"] = [*rank.get("lines", []), *lines][-caps["lines"]:]
-        if change.get("history"):
-            rank["history"] = [*rank.get("history", []), *change["history"]][-caps["history"]:]
+        if points:
+            rank["history"] = [*rank.get("history", []), *points][-caps["history"]:]
         rank["lines_dropped"] = rank["lines_total"] - len(rank.get("lines", []))
         ranks[change["rank"]] = rank
     out["ranks"] = [ranks[number] for number in order]

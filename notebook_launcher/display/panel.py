@@ -34,6 +34,7 @@ DELTAS_PER_S = 5
 REFRESH_S = 10.0  # with a listening panel, the MIME output (what is saved, what others show) is this old at most
 LIVE_BYTES = 32_000  # ... and this large while the run goes on
 IDLE_UPDATE_S = 30.0  # the panel moves its clock itself; this says "still alive" when nothing else happens
+TICK_EVERY_S = 0.02  # a burst of events looks at the listeners once per this, not once per event
 _UNSET = object()
 DISPLAY_ENV_VAR = "NOTEBOOK_LAUNCHER_DISPLAY"
 DISPLAYS = ("auto", "panel", "text")
@@ -76,6 +77,7 @@ class PanelDisplay(FinishingDisplay):
         self._interval = 1.0 / MAX_UPDATES_PER_S  # grows with the size of what an update sends
         self._delta_changes = -1
         self._delta_at = 0.0
+        self._ticked_at = -1.0
         self.updates = 0  # how many times the MIME output was sent (for tests and benchmarks)
         self.deltas = 0  # how many deltas went to listening panels
         self.last_bundle: dict | None = None  # the MIME bundle last published
@@ -111,9 +113,12 @@ class PanelDisplay(FinishingDisplay):
     def tick(self) -> None:
         """Deltas to listening panels, else the MIME output, if something changed and the last update is old
         enough, or if the clock should move."""
+        now = time.monotonic()
+        if now - self._ticked_at < TICK_EVERY_S:
+            return
+        self._ticked_at = now
         channel = self.channel()
         live, joining = channel.listeners(self.state.header["run_id"]) if channel else ([], [])
-        now = time.monotonic()
         if live or joining:
             self._tick_live(now, live, joining)
             return
