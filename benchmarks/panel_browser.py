@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", default="2,16,32,64")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--code", default=ROOT, help="the checkout the kernels import (another one: a baseline; "
+                        "run with PYTHONPATH naming it too, so the server serves its extension)")
+    parser.add_argument("--out", default=RESULTS_PATH)
     args = parser.parse_args(argv)
     counts = [int(value) for value in args.ranks.split(",")]
     load = [os.getloadavg()]
@@ -165,7 +168,7 @@ def main(argv=None) -> int:
         env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": os.path.join(tmp, "runs"),
                "JUPYTER_CONFIG_DIR": os.path.join(tmp, "cfg"),
                "JUPYTERLAB_SETTINGS_DIR": quiet_settings(os.path.join(tmp, "settings")),
-               "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+               "PYTHONPATH": os.pathsep.join(p for p in (args.code, os.environ.get("PYTHONPATH", "")) if p)}
         samples = []
         with jupyter_lab(root, env) as url, chromium(os.path.join(tmp, "profile")) as browser:
             lab = (root, url, browser)
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
     print(table(["ranks", "display", "updates/s", "bytes received", "allowed (3x lines + 10 KB/s)",
                  "kernel CPU s", "saved bytes", "click ms"], rows))
     print("load average (1, 5, 15 min) before and after each run:", [tuple(round(v, 2) for v in l) for l in load])
-    write_json(RESULTS_PATH, {"samples": samples, "summary": summary, "load": load, "seconds": args.seconds})
+    write_json(args.out, {"code": args.code, "samples": samples, "summary": summary, "load": load, "seconds": args.seconds})
     return 0
 
 

@@ -5,7 +5,8 @@ fallbacks (``fallback.py``), cut to the saved-output budget (``budget.py``), and
 display id. Two ways, depending on who listens:
 
 - a JupyterLab panel that opened a comm for this run (``comm.py``) gets the full state once, then at most
-  ``DELTAS_PER_S`` deltas a second: what changed (``delta.py``), every new line; the MIME output is then
+  ``DELTAS_PER_S`` deltas a second (``FEW_RANKS_DELTAS_PER_S`` up to 8 ranks): what changed (``delta.py``),
+  every new line; the MIME output is then
   refreshed only every ``REFRESH_S`` (cut to ``LIVE_BYTES``) and at the end (cut to ``SAVED_BYTES``);
 - without one (VS Code, classic Notebook, nbconvert, a kernel without frontend), the MIME output is the live
   view: at most ``MAX_UPDATES_PER_S`` updates a second, fewer when it is large (``MAX_BYTES_PER_S``).
@@ -31,6 +32,7 @@ from .state import MIME_TYPE, RunState
 MAX_UPDATES_PER_S = 4
 MAX_BYTES_PER_S = 512 * 1024  # each update re-sends the whole state: many chatty ranks update less often
 DELTAS_PER_S = 5
+FEW_RANKS_DELTAS_PER_S = 8  # up to 8 ranks (columns, not the grid) deltas are small: more of them, as smooth as before
 REFRESH_S = 10.0  # with a listening panel, the MIME output (what is saved, what others show) is this old at most
 LIVE_BYTES = 32_000  # ... and this large while the run goes on
 IDLE_UPDATE_S = 30.0  # the panel moves its clock itself; this says "still alive" when nothing else happens
@@ -133,7 +135,8 @@ class PanelDisplay(FinishingDisplay):
                    and self.state.changes != self._published_changes)
         since = now - self._delta_at
         sent = True
-        if live and (refresh or joining or (changed and since >= 1.0 / DELTAS_PER_S) or since >= IDLE_UPDATE_S):
+        rate = FEW_RANKS_DELTAS_PER_S if len(self.state.ranks) <= 8 else DELTAS_PER_S
+        if live and (refresh or joining or (changed and since >= 1.0 / rate) or since >= IDLE_UPDATE_S):
             self._send(live, self.tracker.delta())  # (joining: the full state they get is the one after it)
             self.deltas += 1
         elif not live:
