@@ -38,6 +38,11 @@ Side by side in this one run:
      ``to_json()``, the ``text/html`` and the ``text/plain`` fallbacks; plus jupyter_client's
      ``Session.pack`` of the bundle (the JSON serialization the kernel does before sending it on IOPub).
 
+3. ``--browser`` (its own options: ``--ranks 2,16,32,64 --seconds 10 --reps 3``): the panel at 2 to 64 ranks
+   printing 20 lines a second each, in a real JupyterLab and Debian's Chromium, beside display="text":
+   visible updates, bytes the page receives, kernel CPU, saved output, a click on a rank cell
+   (``panel_browser.py``, whose docstring says how; 32 and 64 ranks are a replayed 16-rank run).
+
 Every kernel is shut down and checked gone; the script checks at the end that it has no child processes left.
 No timed assertions: the numbers are printed (a table) and written to benchmarks/results/panel_overhead.json.
 """
@@ -424,6 +429,10 @@ def bench_micro(events_per_sample: int, reps: int, bundle_reps: int) -> dict:
 # Report
 # --------------------------------------------------------------------------------------------------------------
 def main() -> int:
+    if "--browser" in sys.argv[1:]:  # 3. many ranks in a real JupyterLab and browser: panel_browser.py
+        import panel_browser
+
+        return panel_browser.main([arg for arg in sys.argv[1:] if arg != "--browser"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", default="2000,20000", help="lines per rank, comma-separated (in the kernel)")
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions per (lines, display)")

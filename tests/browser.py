@@ -13,7 +13,9 @@ import os
 import signal
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -33,9 +35,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def this_extension(env: dict) -> tuple[dict, str | None]:
+    """``env`` with JUPYTER_PATH naming first the extension built in this checkout
+    (notebook_launcher/labextension, made by ``pip install -e .`` or ``npm run build`` in labextension/), so the
+    server serves the code under test rather than an older copy installed in the environment."""
+    import notebook_launcher
+
+    built = os.path.join(os.path.dirname(os.path.abspath(notebook_launcher.__file__)), "labextension")
+    if not os.path.exists(os.path.join(built, "package.json")):
+        return env, None
+    share = tempfile.mkdtemp(prefix="nl-jupyter-path-")
+    os.makedirs(os.path.join(share, "labextensions"))
+    os.symlink(built, os.path.join(share, "labextensions", "notebook-launcher-panel"))
+    paths = [share, *filter(None, [env.get("JUPYTER_PATH")])]
+    return {**env, "JUPYTER_PATH": os.pathsep.join(paths)}, share
+
+
 @contextlib.contextmanager
 def jupyter_lab(root_dir, env: dict):
-    """``jupyter lab`` in its own process group; yields its base URL."""
+    """``jupyter lab`` in its own process group, serving this checkout's extension; yields its base URL."""
+    env, share = this_extension(env)
     port = free_port()
     workspaces = os.path.join(str(root_dir), ".workspaces")
     os.makedirs(workspaces, exist_ok=True)
@@ -74,6 +93,8 @@ def jupyter_lab(root_dir, env: dict):
                 process.kill()
         psutil.wait_procs(alive, timeout=5)
         log.close()
+        if share:
+            shutil.rmtree(share, ignore_errors=True)
 
 
 @contextlib.contextmanager

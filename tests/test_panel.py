@@ -271,11 +271,12 @@ def test_long_lines_with_bars_are_cheap_to_fold_and_crlf_split_across_reads_keep
     assert splitter.feed(b"\nnext\n") == ["hello world", "next"]
 
 
-def test_a_large_state_is_sent_less_often(monkeypatch):
+def test_a_large_state_is_cut_to_the_saved_budget_so_it_still_goes_out_at_the_usual_pace(monkeypatch):
     from IPython.core.interactiveshell import InteractiveShell
 
     import IPython.display
     from notebook_launcher.display import panel as panel_module
+    from notebook_launcher.display.budget import SAVED_BYTES, saved_size
     from notebook_launcher.events import STREAM, Event
 
     monkeypatch.setattr(InteractiveShell, "initialized", classmethod(lambda cls: True))
@@ -283,23 +284,29 @@ def test_a_large_state_is_sent_less_often(monkeypatch):
     monkeypatch.setattr(IPython.display, "display", lambda bundle, raw, display_id: handle.bundles.append(bundle)
                         or handle)
     state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 8, 8, list(range(8)))
-    panel = PanelDisplay(state)
+    panel = PanelDisplay(state, channel=None)
     clock = [1000.0]
     monkeypatch.setattr(panel_module.time, "monotonic", lambda: clock[0])
-    for seq in range(1, 8 * 200 + 1):  # eight full columns of long lines: a state of about 3 MB
+    for seq in range(1, 8 * 200 + 1):  # eight full columns of long lines: a state of 1.7 MB, a bundle of 5
         panel.show(Event(rank=seq % 8, seq=seq, time=clock[0], kind=STREAM, data={"stream": "stdout",
                                                                                   "text": "x" * 1000}))
     clock[0] += 1.0
     panel.show(Event(rank=0, seq=9_999, time=clock[0], kind=STREAM, data={"stream": "stdout", "text": "z"}))
     sent = len(handle.bundles)
-    size = len(json.dumps(handle.bundles[-1]))  # the full state went out once
     for step in range(40):  # ten seconds of lines at the usual pace
         clock[0] += 0.25
         panel.show(Event(rank=0, seq=10_000 + step, time=clock[0], kind=STREAM, data={"stream": "stdout",
                                                                                       "text": "y" * 1000}))
     updates_in_ten_seconds = len(handle.bundles) - sent
-    assert size > 2_000_000
-    assert 1 <= updates_in_ten_seconds <= 10 * panel_module.MAX_BYTES_PER_S / size + 1  # not 40
+    assert len(json.dumps(state.to_json())) > 1_500_000
+    assert all(saved_size(bundle) <= SAVED_BYTES for bundle in handle.bundles)
+    last = handle.bundles[-1][MIME_TYPE]
+    assert last["ranks"][0]["lines"][-1]["text"] == "y" * 1000 and last["ranks"][0]["lines"][0]["text"] != "x" * 1000
+    assert last["saved"]["lines_total"] == sum(rank["lines_total"] for rank in last["ranks"]) > 8 * 200
+    size = len(json.dumps(last)) + len(handle.bundles[-1]["text/html"]) + len(handle.bundles[-1]["text/plain"])
+    assert size < SAVED_BYTES  # so the byte cap allows several updates a second, not one every 6 s as uncut
+    # each update as soon as the byte cap allows it, at the next line (lines come every 0.25 s)
+    assert 10 / (size / panel_module.MAX_BYTES_PER_S + 0.25) - 1 <= updates_in_ten_seconds <= 41
 
 
 # -- hang notices (events the kernel's watchdog makes, built here by hand) -------------------------------------------

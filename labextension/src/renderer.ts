@@ -12,32 +12,20 @@
 import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 
-import { chartMetric, IDomain, renderChart, seriesDomain, STEP_TIME } from './chart';
+import { chartMetric, IDomain, seriesDomain, STEP_TIME } from './chart';
+import { createRankView, IRankView, updateRank } from './columns';
 import { badge, h, setData } from './dom';
-import { formatElapsed, formatNumber, formatProgress, progressFraction } from './format';
+import { formatElapsed } from './format';
+import { RankGrid } from './grid';
 import { HangCard } from './hang';
-import { IFailure, ILine, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
+import { LiveLink } from './live';
+import { IFailure, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
 
-/** A rank column and what it last rendered. */
-interface IRankView {
-  node: HTMLElement;
-  head: HTMLElement;
-  progress: HTMLElement;
-  charts: HTMLElement;
-  dropped: HTMLElement;
-  lines: HTMLElement;
-  /** `n` of each rendered line, in DOM order. */
-  ns: number[];
-  /** Whether the lines box follows new lines: true until the user scrolls up, again once back at the bottom. */
-  pinned: boolean;
-  keys: Map<string, string>;
-}
+/** Above this many ranks the panel shows the grid (grid.ts), not one column per rank. */
+export const GRID_ABOVE = 8;
 
 /** How long after its last update a running run's clock keeps moving (the kernel sends one every 30 s). */
 const CLOCK_LIMIT_S = 45;
-
-/** Pixels from the bottom that still count as "at the bottom". */
-const PIN_SLACK = 8;
 
 /** The panel's DOM and the state needed to update it cheaply. */
 export class RunView {
@@ -49,6 +37,13 @@ export class RunView {
   private readonly oom = h('section', 'nl-oom');
   private readonly triggers = h('section', 'nl-triggers');
   private readonly ranks = h('div', 'nl-ranks');
+  private readonly layoutBar = h('div', 'nl-layout');
+  private readonly savedNote = h('span', 'nl-saved-note');
+  private readonly layoutToggle = h('button', 'nl-layout-toggle');
+  private readonly grid = new RankGrid();
+  /** 'auto': the grid above GRID_ABOVE ranks, columns up to it; the toggle picks one for this panel. */
+  private layout: 'auto' | 'grid' | 'columns' = 'auto';
+  private lastRun: IRun | null = null;
   private readonly keys = new Map<string, string>();
   private readonly rankViews = new Map<number, IRankView>();
   /**
@@ -59,7 +54,15 @@ export class RunView {
     typeof ResizeObserver === 'undefined' ? null : new ResizeObserver(entries => this.onResize(entries));
 
   constructor() {
-    this.node.append(this.header, this.ranks);
+    this.layoutToggle.type = 'button';
+    this.layoutBar.append(this.savedNote, this.layoutToggle);
+    this.layoutToggle.addEventListener('click', () => {
+      this.layout = this.layoutToggle.dataset.layout === 'grid' ? 'columns' : 'grid';
+      if (this.lastRun) {
+        this.update(this.lastRun);
+      }
+    });
+    this.node.append(this.header, this.layoutBar, this.ranks);
   }
 
   /** Stop observing (the renderer is disposed). */
@@ -140,7 +143,7 @@ export class RunView {
 
   /** Keep present sections in order above the rank grid, and empty ones out of the DOM. */
   private placeSections(sections: [HTMLElement, boolean][]): void {
-    let anchor: HTMLElement = this.ranks;
+    let anchor: HTMLElement = this.layoutBar;
     for (const [node, present] of sections.reverse()) {
       if (!present) {
         node.remove();
@@ -153,15 +156,33 @@ export class RunView {
     }
   }
 
+  /** Whether the ranks show as the grid (many ranks, or asked) rather than as columns. */
+  get showsGrid(): boolean {
+    return this.layoutToggle.dataset.layout === 'grid';
+  }
+
   private updateRanks(run: IRun): void {
+    this.lastRun = run;
     const ranks = run.ranks || [];
+    const grid = this.layout === 'grid' || (this.layout === 'auto' && ranks.length > GRID_ABOVE);
+    this.layoutToggle.dataset.layout = grid ? 'grid' : 'columns';
+    this.layoutToggle.textContent = grid ? 'show columns' : 'show grid';
+    this.layoutToggle.hidden = ranks.length < 2;
+    const saved = run.saved;
+    this.savedNote.hidden = !saved;
+    this.savedNote.textContent = saved
+      ? `This output keeps the newest ${saved.lines_kept} of ${saved.lines_total} lines; the run log has all of them: ${run.run_dir || ''}`
+      : '';
+    if (grid) {
+      this.dropColumns();
+      this.ranks.replaceWith(this.grid.node);
+      this.grid.update(run, this.domains(ranks));
+      return;
+    }
+    this.grid.node.replaceWith(this.ranks);
     this.ranks.style.setProperty('--nl-cols', String(Math.max(1, ranks.length)));
     this.ranks.dataset.count = String(ranks.length);
-    const metric = chartMetric(ranks);
-    const domains: [string, IDomain | null][] = [
-      ...(metric ? [[metric, seriesDomain(ranks, metric)] as [string, IDomain | null]] : []),
-      [STEP_TIME, seriesDomain(ranks, STEP_TIME)]
-    ];
+    const domains = this.domains(ranks);
 
     const seen = new Set<number>();
     let previous: HTMLElement | null = null;
@@ -190,6 +211,23 @@ export class RunView {
     this.repin();
   }
 
+  private domains(ranks: IRank[]): [string, IDomain | null][] {
+    const metric = chartMetric(ranks);
+    return [
+      ...(metric ? [[metric, seriesDomain(ranks, metric)] as [string, IDomain | null]] : []),
+      [STEP_TIME, seriesDomain(ranks, STEP_TIME)]
+    ];
+  }
+
+  /** The grid replaces the columns: their DOM goes (64 columns of lines are what the grid avoids). */
+  private dropColumns(): void {
+    for (const view of this.rankViews.values()) {
+      this.resizes?.unobserve(view.lines);
+      view.node.remove();
+    }
+    this.rankViews.clear();
+  }
+
   private onResize(entries: ResizeObserverEntry[]): void {
     for (const view of this.rankViews.values()) {
       if (view.pinned && entries.some(entry => entry.target === view.lines)) {
@@ -211,6 +249,7 @@ export class RunView {
 /** A JupyterLab MIME renderer around `RunView`; `renderModel` is called again on every update. */
 export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   private readonly view = new RunView();
+  private readonly link = new LiveLink(run => this.view.update(run));
 
   constructor(_options?: IRenderMime.IRendererOptions) {
     super();
@@ -219,6 +258,7 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   }
 
   protected onAfterAttach(): void {
+    this.link.connect();
     this.view.repin();
   }
 
@@ -227,6 +267,7 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   }
 
   dispose(): void {
+    this.link.dispose();
     this.view.dispose();
     super.dispose();
   }
@@ -240,26 +281,13 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
         data = null;
       }
     }
-    this.view.update(data && typeof data === 'object' ? (data as IRun) : { status: 'unknown', notes: ['invalid run payload'] });
+    if (data && typeof data === 'object') {
+      this.link.offer(data as IRun, this.node);
+    } else {
+      this.view.update({ status: 'unknown', notes: ['invalid run payload'] });
+    }
     return Promise.resolve();
   }
-}
-
-function isAtBottom(node: HTMLElement): boolean {
-  return node.scrollHeight - node.scrollTop - node.clientHeight <= PIN_SLACK;
-}
-
-/** Follow the user's scrolling; a box that is not laid out (hidden, detached) says nothing. */
-function trackPin(view: IRankView): void {
-  view.lines.addEventListener(
-    'scroll',
-    () => {
-      if (view.lines.clientHeight > 0) {
-        view.pinned = isAtBottom(view.lines);
-      }
-    },
-    { passive: true }
-  );
 }
 
 /** The header changes on each update anyway (elapsed), so its key is simply its data. */
@@ -412,123 +440,3 @@ function renderTriggers(triggers: ITrigger[], retried: boolean): Node[] {
   return [h('div', 'nl-section-title', 'Triggers (set_trigger)'), list];
 }
 
-function createRankView(): IRankView {
-  const view: IRankView = {
-    node: h('div', 'nl-rank'),
-    head: h('div', 'nl-rank-head'),
-    progress: h('div', 'nl-progress'),
-    charts: h('div', 'nl-charts'),
-    dropped: h('div', 'nl-dropped'),
-    lines: h('div', 'nl-lines'),
-    ns: [],
-    pinned: true,
-    keys: new Map()
-  };
-  view.node.append(view.head, view.progress, view.charts, view.dropped, view.lines);
-  trackPin(view);
-  return view;
-}
-
-/** Patch one rank column; each part is rebuilt only when its key changed. */
-function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [string, IDomain | null][]): void {
-  setData(view.node, { rank: rank.rank, status: rank.status || 'unknown', host: rank.host });
-  const patch = (part: string, key: string, apply: () => void) => {
-    if (view.keys.get(part) !== key) {
-      view.keys.set(part, key);
-      apply();
-    }
-  };
-  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code]), () => {
-    const name = h('span', 'nl-rank-name', `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}`);
-    const meta = h('span', 'nl-rank-meta', [
-      rank.pid ? `pid ${rank.pid}` : '',
-      typeof rank.exit_code === 'number' ? `exit ${rank.exit_code}` : ''
-    ].filter(Boolean).join(' · '));
-    view.head.replaceChildren(name, badge(rank.status, 'nl-rank-status'), meta);
-  });
-  patch('progress', JSON.stringify(rank.progress ?? null), () => renderProgress(view.progress, rank));
-  const history = rank.history || [];
-  const last = history[history.length - 1];
-  patch('charts', JSON.stringify([history.length, last?.t, last?.step, domains]), () => {
-    view.charts.replaceChildren(
-      ...domains.filter(([, d]) => d).map(([series, d]) => renderChart(history, series, d as IDomain))
-    );
-    view.charts.hidden = view.charts.childElementCount === 0;
-  });
-  const dropped = rank.lines_dropped || 0;
-  patch('dropped', `${dropped}:${run.run_dir}`, () => {
-    view.dropped.hidden = dropped <= 0;
-    view.dropped.textContent =
-      dropped > 0
-        ? `${dropped} earlier ${dropped === 1 ? 'line is' : 'lines are'} in the run log: ${run.run_dir || '(run folder)'}`
-        : '';
-  });
-  updateLines(view, rank.lines || []);
-}
-
-function renderProgress(node: HTMLElement, rank: IRank): void {
-  const progress = rank.progress;
-  node.hidden = !progress;
-  if (!progress) {
-    node.replaceChildren();
-    return;
-  }
-  const fraction = progressFraction(progress);
-  setData(node, { step: progress.step, total: progress.total });
-  const bar = h('div', 'nl-progress-bar');
-  const fill = bar.appendChild(h('div', 'nl-progress-fill'));
-  fill.style.width = fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
-  bar.classList.toggle('nl-indeterminate', fraction === null);
-  node.replaceChildren(bar, h('div', 'nl-progress-text', formatProgress(progress)));
-}
-
-/**
- * Lines are identified by `n`. The payload holds a sliding window (newest lines), so: drop rendered lines
- * older than the window, check the rest are a prefix of it, append the new ones. Anything else (a new
- * attempt restarting the numbering) falls back to a full rebuild.
- */
-function updateLines(view: IRankView, lines: ILine[]): void {
-  const first = lines.length ? lines[0].n : Infinity;
-  let drop = 0;
-  while (drop < view.ns.length && view.ns[drop] < first) {
-    drop++;
-  }
-  let prefix = view.ns.length - drop <= lines.length;
-  for (let i = drop; prefix && i < view.ns.length; i++) {
-    prefix = view.ns[i] === lines[i - drop].n;
-  }
-  if (!prefix) {
-    view.lines.replaceChildren();
-    view.ns = [];
-    drop = 0;
-  }
-  for (let i = 0; i < drop; i++) {
-    view.lines.firstChild?.remove();
-  }
-  view.ns.splice(0, drop);
-  const fresh = lines.slice(view.ns.length);
-  if (fresh.length) {
-    const fragment = document.createDocumentFragment();
-    fresh.forEach(line => fragment.appendChild(renderLine(line)));
-    view.lines.appendChild(fragment);
-    view.ns.push(...fresh.map(line => line.n));
-  }
-}
-
-/** `div.nl-line[data-kind][data-level]`: level and logger name first for log records. */
-function renderLine(line: ILine): HTMLElement {
-  const kind = line.kind || 'stdout';
-  const node = h('div', 'nl-line');
-  setData(node, { n: line.n, kind, level: kind === 'log' ? (line.level || 'INFO').toUpperCase() : null });
-  if (typeof line.t === 'number') {
-    node.title = `${formatNumber(line.t)} s after the start`;
-  }
-  if (kind === 'log') {
-    node.appendChild(h('span', 'nl-level', (line.level || 'INFO').toUpperCase()));
-    if (line.logger) {
-      node.appendChild(h('span', 'nl-logger', line.logger));
-    }
-  }
-  node.appendChild(h('span', 'nl-text', line.text ?? ''));
-  return node;
-}

@@ -147,6 +147,10 @@ export interface IRun {
   hang?: IHang | null;
   hangs?: IHang[];
   balance?: IBalance | null;
+  /** Set when the output was cut to its budget (the run log has everything). */
+  saved?: { limit?: number; lines_total?: number; lines_kept?: number } | null;
+  /** The number of the last update this state includes (deltas over the comm). */
+  seq?: number;
 }
 
 /** One rank's figures in the Balance section (shares are fractions of the rank's time). */

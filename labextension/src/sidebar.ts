@@ -1,7 +1,7 @@
 /**
  * The "Runs" sidebar (package.json `jupyterlab.extension`): lists every run panel found in the outputs of
- * the open notebooks. It needs no kernel channel: the run payload in the outputs is the whole state, and
- * the output models signal each `update_display_data`, so the list stays live by listening to them.
+ * the open notebooks. The output models signal each `update_display_data`; a run a panel follows over its comm
+ * (live.ts) is shown from that newer state. The plugin also tells live.ts how to find a panel's kernel.
  */
 
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
@@ -12,6 +12,7 @@ import { Widget } from '@lumino/widgets';
 
 import { badge, h, setData } from './dom';
 import { formatElapsed, formatProgress, progressFraction, rankCounts, slowestProgress } from './format';
+import { IKernelLike, liveState, onLiveState, setKernelFinder } from './live';
 import { IRun, MIME_TYPE } from './schema';
 
 const SIDEBAR_ID = 'notebook-launcher-runs';
@@ -52,10 +53,13 @@ export function findRuns(tracker: INotebookTracker): IFoundRun[] {
       }
       const outputs = (cell as ICodeCellModel).outputs;
       for (let j = 0; j < outputs.length; j++) {
-        const run = outputs.get(j).data[MIME_TYPE] as IRun | undefined;
-        if (!run || typeof run !== 'object') {
+        const saved = outputs.get(j).data[MIME_TYPE] as IRun | undefined;
+        if (!saved || typeof saved !== 'object') {
           continue;
         }
+        // a panel following the run over its comm has a newer state than the output (refreshed rarely)
+        const live = liveState(saved.run_id);
+        const run = live && (live.seq ?? 0) >= (saved.seq ?? 0) ? live : saved;
         const key = `${panel.id}:${run.run_id ?? `${cell.id}:${j}`}`;
         if (!seen.has(key)) {
           seen.add(key);
@@ -120,7 +124,7 @@ export class RunsSidebar extends Widget {
     this.found = new Map(runs.map(found => [found.key, found]));
     let previous: HTMLElement | null = null;
     for (const found of runs) {
-      const dataKey = JSON.stringify([found.run, found.panel.context.path]);
+      const dataKey = entryKey(found);
       let item = this.items.get(found.key);
       if (!item) {
         item = { node: h('li', 'nl-sidebar-run'), key: '' };
@@ -238,6 +242,26 @@ function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
   node.replaceChildren(...children);
 }
 
+/** What an entry shows, so a run's many lines do not make each rescan costly. */
+function entryKey(found: IFoundRun): string {
+  const run = found.run;
+  const ranks = (run.ranks || []).map(rank => [rank.status, rank.progress?.step, rank.progress?.total,
+    rank.progress?.step_time, rank.progress?.metrics]);
+  return JSON.stringify([run.run_id, run.status, run.elapsed, run.attempt, run.hang?.live, run.failure?.kind, ranks,
+    found.panel.context.path]);
+}
+
+/** The kernel of the notebook whose output holds `node` (the live panel opens its comm there). */
+function kernelOf(tracker: INotebookTracker, node: HTMLElement): IKernelLike | null {
+  let kernel: IKernelLike | null = null;
+  tracker.forEach(panel => {
+    if (!kernel && !panel.isDisposed && panel.node.contains(node)) {
+      kernel = (panel.sessionContext.session?.kernel as IKernelLike | null | undefined) ?? null;
+    }
+  });
+  return kernel;
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'notebook-launcher-panel:sidebar',
   description: 'The "Runs" sidebar: every notebook_launcher run in the open notebooks.',
@@ -245,7 +269,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
   requires: [INotebookTracker],
   optional: [ILayoutRestorer],
   activate: (app: JupyterFrontEnd, tracker: INotebookTracker, restorer: ILayoutRestorer | null) => {
+    setKernelFinder(node => kernelOf(tracker, node));
     const sidebar = new RunsSidebar(tracker, app.shell);
+    onLiveState(() => sidebar.schedule());
     app.shell.add(sidebar, 'left', { rank: 700 });
     restorer?.add(sidebar, SIDEBAR_ID);
   }

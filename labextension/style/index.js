@@ -1,2 +1,3 @@
 import './base.css';
 import './hang.css';
+import './grid.css';

@@ -50,6 +50,7 @@ class RankState:
         self.lines_total = 0
         self.progress: dict | None = None
         self.history: deque = deque(maxlen=HISTORY_POINTS)
+        self.history_count = 0  # points ever appended (a delta sends the ones since the last)
         self._last_step: tuple[int, float] | None = None  # (step, time) of the previous report
 
     def to_json(self) -> dict:
@@ -180,6 +181,7 @@ class RunState:
         if label:
             rank.progress["label"] = label
         rank.history.append({"step": step, "t": now, "step_time": step_time, "metrics": dict(metrics)})
+        rank.history_count += 1
 
     def _on_failure(self, event: Event) -> None:
         rank = self._rank(event)

@@ -1,0 +1,152 @@
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { applyDelta, IDelta, IFull, LineRow } from '../src/delta';
+import { ICommLike, IKernelLike, resetLive, setKernelFinder, TARGET } from '../src/live';
+import { RunRenderer } from '../src/renderer';
+import { IRun, MIME_TYPE } from '../src/schema';
+import { line, rank, run } from './fixtures';
+
+const CAPS = { lines: 3, history: 2 };
+
+function delta(seq: number, extra: Partial<IDelta> = {}): IDelta {
+  return { type: 'delta', seq, base: seq - 1, set: { elapsed: seq }, ...extra };
+}
+
+describe('applyDelta', () => {
+  it('appends new lines and points, keeps the newest within the caps, and counts every line', () => {
+    const start = { ...run({ ranks: [rank(0, { lines: [line(1, 'a')], lines_total: 1 }), rank(1)] }), seq: 4 };
+    const rows: LineRow[] = [[2, 0.2, 'stdout', 'b'], [3, 0.3, 'log', 'c', 'WARNING', 'train'], [5, 0.5, 'stderr', 'd']];
+    const next = applyDelta(start, delta(5, { ranks: [{ rank: 0, lines: rows, status: 'failed',
+      history: [[1, 0.1, null, {}], [2, 0.2, 0.1, {}], [3, 0.3, 0.1, {}]] }] }), CAPS);
+    const zero = next.ranks![0];
+    expect(zero.lines!.map(l => l.text)).toEqual(['b', 'c', 'd']);
+    expect(zero.lines![1]).toEqual({ n: 3, t: 0.3, kind: 'log', text: 'c', level: 'WARNING', logger: 'train' });
+    expect([zero.lines_total, zero.lines_dropped, zero.status]).toEqual([4, 1, 'failed']);
+    expect(zero.history!.map(p => p.step)).toEqual([2, 3]);
+    expect(next.ranks![1]).toBe(start.ranks![1]); // untouched ranks are kept as they were
+    expect([next.seq, next.elapsed, start.ranks![0].lines!.length]).toEqual([5, 5, 1]); // the old state is unchanged
+  });
+
+  it('makes the progress from the new points when the kernel says so, as report() does', () => {
+    const start = { ...run({ ranks: [rank(0, { progress: { step: 4, total: 10, metrics: { loss: 1, acc: 0.5 },
+      step_time: 0.2 } })] }), seq: 1 };
+    const next = applyDelta(start, delta(2, { ranks: [{ rank: 0, progress_from_history: true,
+      history: [[5, 1.0, 0.25, { loss: 0.8 }], [6, 1.2, 0.2, { loss: 0.7 }]] }] }), CAPS);
+    expect(next.ranks![0].progress).toEqual({ step: 6, total: 10, metrics: { loss: 0.7, acc: 0.5 }, step_time: 0.2 });
+    expect(next.ranks![0].history).toEqual([{ step: 5, t: 1.0, step_time: 0.25, metrics: { loss: 0.8 } },
+      { step: 6, t: 1.2, step_time: 0.2, metrics: { loss: 0.7 } }]);
+  });
+
+  it('takes lines_total when more lines came than the state keeps, adds and drops ranks by order', () => {
+    const start = { ...run({ ranks: [rank(0), rank(1)] }), seq: 1, saved: { lines_total: 9, lines_kept: 2 } };
+    const next = applyDelta(start, delta(2, { order: [1, 2], ranks: [
+      { rank: 1, lines: [[40, 1, 'stdout', 'x']], lines_total: 40 },
+      { rank: 2, new: true, status: 'running', lines_total: 0 }
+    ] }), CAPS);
+    expect(next.ranks!.map(r => [r.rank, r.status, r.lines_total, r.lines_dropped])).toEqual([
+      [1, 'running', 40, 39], [2, 'running', 0, 0]]);
+    expect('saved' in next).toBe(false); // the cut snapshot's note goes once lines come in whole
+  });
+});
+
+class FakeComm implements ICommLike {
+  subshellStarted?: Promise<void>;
+  opened: unknown[] = [];
+  sent: unknown[] = [];
+  onMsg: ICommLike['onMsg'] = null;
+  onClose: ICommLike['onClose'] = null;
+  open(data?: unknown) { this.opened.push(data); }
+  send(data: unknown) { this.sent.push(data); }
+  deliver(data: unknown) { void this.onMsg?.({ content: { data } }); }
+}
+
+const flush = () => new Promise(resolve => setTimeout(resolve, 0));
+
+class FakeKernel implements IKernelLike {
+  comms: { target: string; comm: FakeComm }[] = [];
+  createComm(target: string) { const comm = new FakeComm(); this.comms.push({ target, comm }); return comm; }
+}
+
+function mount(payload: IRun): RunRenderer {
+  const renderer = new RunRenderer();
+  document.body.appendChild(renderer.node);
+  void renderer.renderModel({ data: { [MIME_TYPE]: payload } } as never);
+  return renderer;
+}
+
+function lineTexts(root: ParentNode, rankId: number): string[] {
+  return [...root.querySelectorAll(`.nl-rank[data-rank="${rankId}"] .nl-line .nl-text`)].map(n => n.textContent || '');
+}
+
+describe('a panel following its run over a comm', () => {
+  afterEach(() => { resetLive(); setKernelFinder(null); document.body.replaceChildren(); });
+
+  it('opens one comm for a running run, shows the full state then each delta, and ignores older outputs', async () => {
+    const kernel = new FakeKernel();
+    setKernelFinder(() => kernel);
+    const payload = { ...run({ ranks: [rank(0), rank(1)] }), seq: 0 };
+    const first = mount(payload);
+    const second = mount(payload); // the same run shown twice in the page: one comm
+    await flush();
+    expect(kernel.comms.map(c => [c.target, c.comm.opened])).toEqual([[TARGET, [{ run_id: payload.run_id }]]]);
+    const comm = kernel.comms[0].comm;
+    const full: IFull = { type: 'full', run_id: payload.run_id!, seq: 3, caps: { lines: 200, history: 200 },
+      state: run({ ranks: [rank(0, { lines: [line(1, 'one')], lines_total: 1 }), rank(1)] }) };
+    comm.deliver(full);
+    comm.deliver(delta(4, { ranks: [{ rank: 0, lines: [[2, 0.1, 'stdout', 'two']] }] }));
+    for (const renderer of [first, second]) {
+      expect(lineTexts(renderer.node, 0)).toEqual(['one', 'two']);
+    }
+    void first.renderModel({ data: { [MIME_TYPE]: { ...payload, seq: 3 } } } as never); // a rare MIME refresh
+    expect(lineTexts(first.node, 0)).toEqual(['one', 'two']);
+    comm.deliver(delta(6)); // a gap: it asks for the whole state once, and waits for it
+    comm.deliver(delta(7));
+    expect(comm.sent).toEqual([{ want: 'full' }]);
+    comm.deliver({ ...full, seq: 7, state: run({ ranks: [rank(0, { lines: [line(9, 'nine')], lines_total: 9 }), rank(1)] }) });
+    expect(lineTexts(second.node, 0)).toEqual(['nine']);
+  });
+
+  it('catches up after a reload: a saved mid-run output gets the full state, then deltas', () => {
+    const kernel = new FakeKernel();
+    setKernelFinder(() => kernel);
+    const stale = { ...run({ ranks: [rank(0, { lines: [line(1, 'old')], lines_total: 1 })] }), seq: 2 };
+    const renderer = mount(stale);
+    expect(lineTexts(renderer.node, 0)).toEqual(['old']);
+    const comm = kernel.comms[0].comm;
+    comm.deliver({ type: 'full', run_id: stale.run_id, seq: 40, caps: { lines: 200, history: 200 },
+      state: run({ elapsed: 30, ranks: [rank(0, { lines: [line(80, 'now')], lines_total: 80 })] }) });
+    comm.deliver(delta(41, { ranks: [{ rank: 0, lines: [[81, 31, 'stdout', 'next']] }] }));
+    expect(lineTexts(renderer.node, 0)).toEqual(['now', 'next']);
+    expect(renderer.node.querySelector('.nl-rank .nl-dropped')?.textContent).toContain('79 earlier lines');
+  });
+
+  it('opens the comm only once its kernel subshell exists, so a busy main shell does not hold it', async () => {
+    let started: () => void = () => undefined;
+    const kernel = new FakeKernel();
+    const create = kernel.createComm.bind(kernel);
+    kernel.createComm = (target: string) => {
+      const comm = create(target);
+      comm.subshellStarted = new Promise<void>(resolve => (started = resolve));
+      return comm;
+    };
+    setKernelFinder(() => kernel);
+    mount(run());
+    await flush();
+    expect(kernel.comms[0].comm.opened).toEqual([]);
+    started();
+    await flush();
+    expect(kernel.comms[0].comm.opened).toEqual([{ run_id: run().run_id }]);
+  });
+
+  it('shows the output alone when no kernel answers, and opens no comm for an ended run', () => {
+    const kernel = new FakeKernel();
+    setKernelFinder(() => kernel);
+    const renderer = mount(run({ status: 'finished', ranks: [rank(0, { lines: [line(1, 'done')] })] }));
+    expect(kernel.comms).toEqual([]);
+    expect(lineTexts(renderer.node, 0)).toEqual(['done']);
+    setKernelFinder(() => null);
+    const live = mount(run({ run_id: 'other', ranks: [rank(0, { lines: [line(1, 'a')] })] }));
+    void live.renderModel({ data: { [MIME_TYPE]: run({ run_id: 'other', ranks: [rank(0, { lines: [line(1, 'a'), line(2, 'b')] })] }) } } as never);
+    expect(lineTexts(live.node, 0)).toEqual(['a', 'b']);
+  });
+});

@@ -1,0 +1,179 @@
+"""What changed in the panel's state since the last update: the message a listening panel gets instead of the
+whole state again (the protocol is in labextension/SCHEMA.md, "Live updates"; ``apply_delta`` here and
+``applyDelta`` in labextension/src/delta.ts are the same rule, and tests check that deltas rebuild the state).
+
+A delta carries, with ``seq`` (this update's number) and ``base`` (the one it applies on):
+
+- ``set``: each top-level field whose value changed (the header's ``elapsed`` always), whole;
+- ``order``: the rank numbers, only when the set of ranks changed (a rank not listed goes);
+- ``ranks``: per rank that changed, its changed fields, its new ``lines`` (each ``[n, t, kind, text]`` or
+  ``[n, t, "log", text, level, logger]``, oldest first) and new chart ``history`` points (each
+  ``[step, t, step_time, metrics]``), appended and cut to the newest ``caps["lines"]`` / ``caps["history"]``;
+  ``progress_from_history`` instead of ``progress`` when the receiver can make it from the new points
+  (``derived_progress``: what a report() does); ``lines_total`` only when it is not the old count plus the new
+  lines (more lines came than the state keeps); ``new`` when the receiver starts the rank afresh (a rank it
+  has not seen, or one a rendezvous remade).
+
+The receiver keeps ``lines_dropped`` = ``lines_total`` - its number of lines.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .state import HISTORY_POINTS, RunState
+
+RANK_FIELDS = ("host", "status", "pid", "exit_code", "progress")
+
+
+def compact_line(line: dict) -> list:
+    out = [line["n"], line["t"], line["kind"], line["text"]]
+    if "level" in line:
+        out += [line["level"], line.get("logger")]
+    return out
+
+
+def compact_point(point: dict) -> list:
+    return [point["step"], point["t"], point["step_time"], point["metrics"]]
+
+
+def expand_point(row: list) -> dict:
+    return {"step": row[0], "t": row[1], "step_time": row[2], "metrics": row[3]}
+
+
+def derived_progress(progress: dict | None, points: list[dict]) -> dict:
+    """A rank's progress as its new chart points tell it (what a report() makes of them): the last point's step
+    and step time, the total as before, every metric's latest value."""
+    before = progress or {}
+    metrics = dict(before.get("metrics") or {})
+    for point in points:
+        metrics.update(point["metrics"])
+    return {"step": points[-1]["step"], "total": before.get("total"), "metrics": metrics,
+            "step_time": points[-1]["step_time"]}
+
+
+def expand_line(row: list) -> dict:
+    line = {"n": row[0], "t": row[1], "kind": row[2], "text": row[3]}
+    if len(row) > 4:
+        line["level"], line["logger"] = row[4], row[5]
+    return line
+
+
+class DeltaTracker:
+    """Remembers what the listeners were last sent, and makes the next delta from a ``RunState``."""
+
+    def __init__(self, state: RunState):
+        self.state = state
+        self.seq = 0
+        self.caps = {"lines": state.lines_per_rank, "history": HISTORY_POINTS}
+        self._top: dict[str, str] = {}
+        self._order: list[int] = []
+        self._ranks: dict[int, dict] = {}
+
+    def reset(self) -> dict:
+        """A new baseline (the state as it is now, for a first listener); returns its payload."""
+        payload = self.state.to_json()
+        self.seq += 1
+        self._top = {key: json.dumps(value) for key, value in payload.items() if key != "ranks"}
+        self._order = [rank["rank"] for rank in payload["ranks"]]
+        self._ranks = {}
+        for number, rank in self.state.ranks.items():
+            self._ranks[number] = self._remember(rank)
+        return payload
+
+    @staticmethod
+    def _remember(rank) -> dict:
+        return {"object": rank, "fields": {name: getattr(rank, name) for name in RANK_FIELDS},
+                "n": rank.lines[-1]["n"] if rank.lines else 0, "total": rank.lines_total,
+                "history": rank.history_count}
+
+    def delta(self) -> dict:
+        """The changes since the last delta (or reset), numbered ``seq``; an empty one still moves the clock."""
+        payload = self.state.to_json()
+        out: dict = {"type": "delta", "seq": self.seq + 1, "base": self.seq, "set": {}}
+        for key, value in payload.items():
+            if key == "ranks":
+                continue
+            encoded = json.dumps(value)
+            if self._top.get(key) != encoded:
+                out["set"][key] = value
+                self._top[key] = encoded
+        order = [rank["rank"] for rank in payload["ranks"]]
+        if order != self._order:
+            out["order"] = order
+            self._order = order
+        ranks = []
+        for number in order:
+            change = self._rank_delta(number)
+            if change is not None:
+                ranks.append(change)
+        self._ranks = {number: memory for number, memory in self._ranks.items() if number in self.state.ranks}
+        if ranks:
+            out["ranks"] = ranks
+        self.seq += 1
+        return out
+
+    def _rank_delta(self, number: int) -> dict | None:
+        rank = self.state.ranks[number]
+        before = self._ranks.get(number)
+        change: dict = {}
+        if before is None or before["object"] is not rank:  # a rank new to the receiver, or one set_ranks remade
+            before = {"fields": {}, "n": 0, "total": 0, "history": 0}
+            change["new"] = True
+        new_points = min(rank.history_count - before["history"], len(rank.history))
+        points = list(rank.history)[-new_points:] if new_points > 0 else []
+        for name in RANK_FIELDS:
+            value = getattr(rank, name)
+            if name not in before["fields"] or before["fields"][name] != value:
+                change[name] = value
+        if "progress" in change and points and "new" not in change and \
+                derived_progress(before["fields"].get("progress"), points) == rank.progress:
+            del change["progress"]  # the usual case: the receiver makes it from the points (half the bytes)
+            change["progress_from_history"] = True
+        fresh = []
+        for line in reversed(rank.lines):
+            if line["n"] <= before["n"]:
+                break
+            fresh.append(compact_line(line))
+        if fresh:
+            change["lines"] = fresh[::-1]
+        if rank.lines_total != before["total"] + len(fresh) or "new" in change:
+            change["lines_total"] = rank.lines_total
+        if points:
+            change["history"] = [compact_point(point) for point in points]
+        self._ranks[number] = self._remember(rank)
+        if not change:
+            return None
+        return {"rank": number, **change}
+
+
+def apply_delta(state: dict, delta: dict, caps: dict) -> dict:
+    """The receiver's rule (labextension/src/delta.ts does the same): a new state, ``state`` left as it was."""
+    out = {**state, **delta.get("set", {}), "seq": delta["seq"]}
+    out.pop("saved", None)  # a cut snapshot no longer: the live lines come in whole
+    ranks = {rank["rank"]: rank for rank in state.get("ranks") or []}
+    order = delta.get("order") or [rank["rank"] for rank in state.get("ranks") or []]
+    blank = {change["rank"] for change in delta.get("ranks") or [] if change.get("new")}
+    for number in order:
+        if number not in ranks or number in blank:
+            ranks[number] = {"rank": number, "host": None, "status": "starting", "pid": None, "exit_code": None,
+                             "lines": [], "lines_total": 0, "lines_dropped": 0, "progress": None, "history": []}
+    for change in delta.get("ranks") or []:
+        rank = dict(ranks[change["rank"]])
+        lines = [expand_line(row) for row in change.get("lines") or []]
+        points = [expand_point(row) for row in change.get("history") or []]
+        for name, value in change.items():
+            if name not in ("rank", "lines", "history", "new", "progress_from_history"):
+                rank[name] = value
+        if change.get("progress_from_history"):
+            rank["progress"] = derived_progress(rank.get("progress"), points)
+        if "lines_total" not in change:
+            rank["lines_total"] = rank.get("lines_total", 0) + len(lines)
+        if lines:
+            rank["lines"] = [*rank.get("lines", []), *lines][-caps["lines"]:]
+        if points:
+            rank["history"] = [*rank.get("history", []), *points][-caps["history"]:]
+        rank["lines_dropped"] = rank["lines_total"] - len(rank.get("lines", []))
+        ranks[change["rank"]] = rank
+    out["ranks"] = [ranks[number] for number in order]
+    return out
