@@ -189,3 +189,30 @@ def test_the_readmes_example_runs_and_prints_what_the_readme_shows(capsys):
     out = capsys.readouterr().out
     assert "straggler: rank 1 (ranks 0, 2 waited " in out and "of their steps' time for it; it waited " in out
     assert "memory: rank 1 peaked at " in out
+
+
+def test_the_panel_state_carries_the_balance_bounded_in_rate_and_anew_after_a_restart(monkeypatch):
+    from notebook_launcher.display import state as panel_state
+    from notebook_launcher.events import RESTART, Event
+
+    clock = [1000.0]
+    monkeypatch.setattr(panel_state.time, "monotonic", lambda: clock[0])
+    state = panel_state.RunState("id", "/tmp/run", "cpu", "gloo", "fork", 2, 2, [0, 1])
+
+    def figures(rank, waited, final=False):
+        state.observe(Event(rank, 1, clock[0], BALANCE, {"elapsed": 10.0, "waited": waited, "steps": [],
+                                                          "step_source": None, "final": final,
+                                                          "peak_rss": 2**28, "cuda": None}))
+
+    figures(0, 6.0)
+    figures(1, 0.2)  # within BALANCE_EVERY_S of the first: not made anew yet
+    assert list(state.to_json()["balance"]["ranks"]) == ["0"]
+    clock[0] += panel_state.BALANCE_EVERY_S
+    figures(1, 0.3)
+    balance = state.to_json()["balance"]
+    assert balance["straggler"] == 1 and balance["ranks"]["1"]["wait_share"] == 0.03 and not balance["final"]
+    assert balance["summary"].startswith("straggler: rank 1 (rank 0 waited 60% of its time for it")
+    figures(0, 6.0, final=True)  # the end comes through at once
+    assert state.to_json()["balance"]["ranks"]["0"]["wait_share"] == 0.6
+    state.observe(Event(-1, 0, clock[0], RESTART, {"attempt": 2, "reason": "failure", "text": "restarting"}))
+    assert state.to_json()["balance"] is None

@@ -62,20 +62,24 @@ export function createRankView(): IRankView {
 
 /** Patch one rank column; each part is rebuilt only when its key changed. */
 export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [string, IDomain | null][]): void {
-  setData(view.node, { rank: rank.rank, status: rank.status || 'unknown', host: rank.host });
+  const straggler = run.balance?.straggler === rank.rank;
+  setData(view.node, { rank: rank.rank, status: rank.status || 'unknown', host: rank.host, straggler: straggler ? 'true' : null });
   const patch = (part: string, key: string, apply: () => void) => {
     if (view.keys.get(part) !== key) {
       view.keys.set(part, key);
       apply();
     }
   };
-  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code]), () => {
+  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code, straggler]), () => {
     const name = h('span', 'nl-rank-name', `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}`);
     const meta = h('span', 'nl-rank-meta', [
       rank.pid ? `pid ${rank.pid}` : '',
       typeof rank.exit_code === 'number' ? `exit ${rank.exit_code}` : ''
     ].filter(Boolean).join(' · '));
     view.head.replaceChildren(name, badge(rank.status, 'nl-rank-status'), meta);
+    if (straggler) {
+      view.head.appendChild(h('span', 'nl-badge nl-rank-straggler', 'straggler'));
+    }
   });
   patch('progress', JSON.stringify(rank.progress ?? null), () => renderProgress(view.progress, rank));
   const history = rank.history || [];

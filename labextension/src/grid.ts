@@ -1,6 +1,6 @@
 /**
  * The rank grid: one small cell per rank, for runs with many ranks (above 8, or when asked). A cell shows the
- * rank's status colour, step and progress, step time, last line, the straggler mark (when the state has one)
+ * rank's status colour, step and progress, step time, last line, the straggler mark (the balance's straggler)
  * and the hang badge; cells are grouped by host, and in each group failed and stuck ranks come first. A filter
  * keeps ranks of one kind of status. A click opens the rank's column (columns.ts) below the grid; a column can
  * be pinned, so a few stay side by side while another cell is opened.
@@ -10,7 +10,7 @@ import { IDomain } from './chart';
 import { createRankView, IRankView, updateRank } from './columns';
 import { h, setData } from './dom';
 import { formatNumber, progressFraction } from './format';
-import { IRank, IRun } from './schema';
+import { IBalance, IRank, IRun } from './schema';
 
 /** Ranks kept side by side at most (the oldest pin goes first). */
 export const MAX_PINNED = 4;
@@ -48,8 +48,7 @@ interface IColumn {
   view: IRankView;
 }
 
-/** A rank with what the grid needs beyond the schema: a straggler mark another part of the state may add. */
-type GridRank = IRank & { straggler?: unknown };
+type GridRank = IRank;
 
 export class RankGrid {
   readonly node = h('div', 'nl-grid');
@@ -165,7 +164,7 @@ export class RankGrid {
       let previous: HTMLElement | null = null;
       for (const rank of sorted) {
         seen.add(rank.rank);
-        const cell = this.cell(rank, hangRanks.has(rank.rank));
+        const cell = this.cell(rank, hangRanks.has(rank.rank), run.balance);
         const wanted: ChildNode | null = previous ? previous.nextSibling : box.firstChild;
         if (cell.node !== wanted) {
           box.insertBefore(cell.node, wanted);
@@ -210,7 +209,7 @@ export class RankGrid {
     this.filters.replaceChildren(h('span', 'nl-grid-filters-label', 'show'), ...buttons);
   }
 
-  private cell(rank: GridRank, inHang: boolean): ICell {
+  private cell(rank: GridRank, inHang: boolean, balance: IBalance | null | undefined): ICell {
     let cell = this.cells.get(rank.rank);
     if (!cell) {
       const node = h('div', 'nl-cell');
@@ -222,7 +221,7 @@ export class RankGrid {
     const group = statusGroup(rank.status);
     const lines = rank.lines || [];
     const lastLine = lines[lines.length - 1];
-    const straggler = rank.straggler ?? null;
+    const straggler = balance?.straggler === rank.rank ? stragglerLine(balance) : null;
     const hang = inHang || group === 'stuck' ? (rank.status === 'stuck' ? 'stuck' : rank.status || 'stuck') : null;
     setData(cell.node, {
       rank: rank.rank,
@@ -293,8 +292,14 @@ export class RankGrid {
   }
 }
 
+/** The balance's straggler line ("straggler: rank 3 (ranks 0, 1 waited 41% ...)"), the straggler mark's title. */
+function stragglerLine(balance: IBalance): string {
+  const line = (balance.summary || '').split('\n').find(text => text.startsWith('straggler'));
+  return line || 'the rank the others wait for';
+}
+
 /** A cell's content: rank, status, step and bar, step time, straggler mark, hang badge, last line. */
-function fillCell(node: HTMLElement, rank: GridRank, last: string, straggler: unknown, hang: string | null): void {
+function fillCell(node: HTMLElement, rank: GridRank, last: string, straggler: string | null, hang: string | null): void {
   const progress = rank.progress;
   const top = h('div', 'nl-cell-top');
   top.append(h('span', 'nl-cell-rank', String(rank.rank)), h('span', 'nl-cell-status', rank.status || ''));
@@ -303,7 +308,7 @@ function fillCell(node: HTMLElement, rank: GridRank, last: string, straggler: un
   }
   if (straggler) {
     const mark = h('span', 'nl-cell-straggler', 'straggler');
-    mark.title = typeof straggler === 'string' ? straggler : 'slower than the other ranks';
+    mark.title = straggler;
     top.appendChild(mark);
   }
   const step = h('div', 'nl-cell-step');

@@ -17,6 +17,7 @@ import { createRankView, IRankView, updateRank } from './columns';
 import { badge, h, setData } from './dom';
 import { formatElapsed } from './format';
 import { RankGrid } from './grid';
+import { renderBalance } from './balance';
 import { HangCard } from './hang';
 import { LiveLink } from './live';
 import { IFailure, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
@@ -36,6 +37,7 @@ export class RunView {
   private readonly mismatches = h('section', 'nl-mismatches');
   private readonly oom = h('section', 'nl-oom');
   private readonly triggers = h('section', 'nl-triggers');
+  private readonly balance = h('section', 'nl-balance');
   private readonly ranks = h('div', 'nl-ranks');
   private readonly layoutBar = h('div', 'nl-layout');
   private readonly savedNote = h('span', 'nl-saved-note');
@@ -121,13 +123,17 @@ export class RunView {
     this.section(this.oom, 'oom', JSON.stringify(oom), () => renderOom(oom));
     const triggers = run.triggers || [];
     this.section(this.triggers, 'triggers', JSON.stringify([triggers, retried]), () => renderTriggers(triggers, retried));
+    const balance = run.balance || null;
+    this.section(this.balance, 'balance', JSON.stringify(balance), () => renderBalance(balance));
+    setData(this.balance, { straggler: balance?.straggler ?? null, final: balance ? String(!!balance.final) : null });
     this.placeSections([
       [this.header, true],
       [this.failure, !!failure],
       [this.hang.node, hang],
       [this.mismatches, mismatches.length > 0],
       [this.oom, oom.length > 0],
-      [this.triggers, triggers.length > 0]
+      [this.triggers, triggers.length > 0],
+      [this.balance, this.balance.childElementCount > 0]
     ]);
     this.updateRanks(run);
   }

@@ -54,11 +54,12 @@ describe('the rank grid', () => {
     expect(failed.node.querySelector('.nl-cell[data-rank="9"]')?.getAttribute('data-group')).toBe('failed');
   });
 
-  it('shows the straggler mark a rank carries', () => {
-    const view = render(10, id => (id === 3 ? { straggler: '2.1x the median step time' } as Partial<IRank> : {}));
-    expect(view.node.querySelector('.nl-cell[data-rank="3"] .nl-cell-straggler')?.getAttribute('title'))
-      .toBe('2.1x the median step time');
+  it("marks the balance's straggler, with its line as the mark's title", () => {
+    const summary = 'straggler: rank 3 (ranks 0-2, 4-9 waited 41% of their time for it; it waited 3%)';
+    const view = render(10, undefined, { balance: { straggler: 3, final: false, ranks: {}, summary } });
+    expect(view.node.querySelector('.nl-cell[data-rank="3"] .nl-cell-straggler')?.getAttribute('title')).toBe(summary);
     expect(view.node.querySelectorAll('.nl-cell-straggler')).toHaveLength(1);
+    expect(render(10).node.querySelectorAll('.nl-cell-straggler')).toHaveLength(0);
   });
 
   it('filters by status, with a count per kind', () => {

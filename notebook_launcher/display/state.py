@@ -7,6 +7,10 @@
 A ``hang_notice`` (made by the kernel's watchdog) is the ``hang`` card: live while it is open, each rank it lists
 showing its place as a status badge ("waiting", "busy", "in DDP"); when progress resumes it stays, not live, and
 the ranks are "running" again; the notice before it goes to ``hangs`` (without its stacks: the run log has them).
+
+The ranks' ``balance`` events become ``balance`` (``Balance.to_json()`` of ``balance.py``, the rule the Run uses
+too), made anew at most every ``BALANCE_EVERY_S`` while the run goes on (a few hundred bytes per rank), and at
+the end.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import re
 import time
 from collections import deque
 
-from ..events import (BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
+from ..balance import BalanceBook
+from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
                       SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
 from .describe import describe
 
@@ -30,6 +35,7 @@ MAX_STACK = 4000  # one rank's stack in a hang notice (the run log keeps all of 
 MAX_STACKS = 16  # ranks whose stack the notice carries (the diverged rank first, then the lowest)
 MAX_HANG_RANKS = 256  # ranks a notice lists, each in one line of at most MAX_HANG_LINE characters
 MAX_HANG_LINE = 400
+BALANCE_EVERY_S = 5.0
 # a hang notice's rank state -> the status badge it shows while the notice is live
 HANG_BADGES = {"waiting": "waiting", "busy": "busy", "in_ddp": "in DDP"}
 _ALIVE = ("starting", "running", *HANG_BADGES.values())  # statuses a notice may replace with its badge
@@ -84,6 +90,9 @@ class RunState:
         self.hang: dict | None = None  # the newest hang notice (see _on_hang_notice)
         self.hangs: list[dict] = []  # the earlier ones, oldest first
         self._hang_marked: set[int] = set()  # ranks whose status is the live notice's badge
+        self.balance: dict | None = None  # Balance.to_json(), rounded
+        self._balance_book = BalanceBook()
+        self._balance_due = 0.0
         self._line_count = 0
         self.changes = 0  # bumped by every change, so a display knows when to publish
 
@@ -238,6 +247,19 @@ class RunState:
         self._end_hang()
         for rank in self.ranks.values():
             rank.status, rank.exit_code, rank._last_step = "starting", None, None
+        self._balance_book.clear()
+        self.balance = None
+
+    def _on_balance(self, event: Event) -> None:
+        if self._balance_book.observe(event.rank, event.kind, event.data):
+            now = time.monotonic()
+            if now >= self._balance_due or event.data.get("final") is True:
+                self._refresh_balance(now)
+
+    def _refresh_balance(self, now: float) -> None:
+        self._balance_due = now + BALANCE_EVERY_S
+        if self._balance_book.ranks:
+            self.balance = _rounded(self._balance_book.balance().to_json())
 
     def _on_hang_notice(self, event: Event) -> None:
         """The watchdog's "open" notice is the live card (a second "open" while one is live replaces it); its
@@ -300,6 +322,7 @@ class RunState:
         """The run ended: its final status, the failure to show first, and which ranks were stuck in a hang."""
         self.status = status
         self._ended = time.monotonic()
+        self._refresh_balance(self._ended)
         self.failure = failure
         self.result = {"type": result_type} if result_type is not None else None
         self._end_hang()
@@ -320,7 +343,17 @@ class RunState:
                 "ranks": [self.ranks[rank].to_json() for rank in sorted(self.ranks)],
                 "shape_mismatches": list(self.shape_mismatches), "oom_retries": list(self.oom_retries),
                 "batch_size": self.batch_size, "triggers": list(self.triggers), "failure": self.failure,
-                "result": self.result, "hang": dict(self.hang) if self.hang else None, "hangs": list(self.hangs)}
+                "result": self.result, "hang": dict(self.hang) if self.hang else None, "hangs": list(self.hangs),
+                "balance": self.balance}
+
+
+def _rounded(value):
+    """Figures to 4 decimals: the panel shows percentages and seconds, not 17 digits."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    return value
 
 
 def _number(value) -> float | None:
@@ -345,5 +378,5 @@ _HANDLERS = {
     PROGRESS: RunState._on_progress, FAILURE: RunState._on_failure, EXIT: RunState._on_exit,
     SHAPE_MISMATCH: RunState._on_shape_mismatch, OOM_RETRY: RunState._on_oom_retry,
     BATCH_SIZE: RunState._on_batch_size, TRIGGER: RunState._on_trigger, LAUNCHER: RunState._on_launcher,
-    RESTART: RunState._on_restart, HANG_NOTICE: RunState._on_hang_notice,
+    RESTART: RunState._on_restart, HANG_NOTICE: RunState._on_hang_notice, BALANCE: RunState._on_balance,
 }
