@@ -176,3 +176,51 @@ def test_the_inspector_filters_a_past_run_by_text_and_rank(lab):
                                      .includes('needle on rank 0')""", timeout=30_000)
     assert "needle on rank 1" in inspector.inner_text()
     screenshot(page, "inspector.png", ".jp-OutputArea-output .widget-vbox")
+
+
+BALANCE_CELL = '''\
+import time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from notebook_launcher import balance_meter, notebook_launcher
+from notebook_launcher.display import state
+
+balance_meter.INTERVAL_S = state.BALANCE_EVERY_S = 1.0  # figures every second (10 s and 5 s by default)
+
+def train():
+    model = DistributedDataParallel(torch.nn.Linear(64, 64))
+    held = torch.ones(300 * 2**20 // 4) if dist.get_rank() == 1 else None  # rank 1 holds 300 MB more
+    for step in range(100):
+        if dist.get_rank() == 1:
+            time.sleep(0.06)  # a slower device: the others wait for rank 1 at every step
+        model(torch.randn(8, 64)).sum().backward()
+
+notebook_launcher(train, num_processes=3, device="cpu")
+'''
+
+
+def test_the_balance_section_shows_the_straggler_live_and_marks_its_column(lab):
+    root, url, browser = lab
+    _notebook(root / "balance.ipynb", [BALANCE_CELL])
+    page = open_notebook(browser, url, "balance.ipynb")
+    command(page, "notebook:run-all-cells", wait=False)
+
+    # live: the section is there while the run goes on, rank 1 marked once the others have waited for it
+    page.wait_for_selector('.nl-run[data-status="running"] .nl-balance[data-straggler="1"][data-final="false"]',
+                           timeout=90_000)
+    assert page.locator(".nl-run").get_attribute("data-status") == "running"
+    rows = page.locator(".nl-run .nl-balance-rank")
+    assert [rows.nth(i).get_attribute("data-rank") for i in range(3)] == ["0", "1", "2"]
+    assert page.locator('.nl-balance-rank[data-straggler="true"]').get_attribute("data-rank") == "1"
+    assert page.locator('.nl-run .nl-rank[data-rank="1"][data-straggler="true"] .nl-rank-straggler').is_visible()
+    screenshot(page, "balance-live.png", ".nl-run .nl-balance")
+    waited = {rank: float(page.locator(f'.nl-balance-rank[data-rank="{rank}"] .nl-balance-wait .nl-balance-fill')
+                          .evaluate("node => parseFloat(node.style.width)")) for rank in (0, 1, 2)}
+    assert min(waited[0], waited[2]) > waited[1] + 20  # the bars: ranks 0 and 2 wait, rank 1 computes
+
+    page.wait_for_selector('.nl-run[data-status="finished"] .nl-balance[data-final="true"]', timeout=90_000)
+    summary = page.locator(".nl-run .nl-balance-summary").inner_text()
+    assert summary.startswith("straggler: rank 1 (ranks 0, 2 waited ") and "memory: rank 1 peaked at" in summary
+    peaks = page.locator(".nl-run .nl-balance-peak").all_inner_texts()
+    assert len(peaks) == 3 and all(text.startswith("peak ") and text.endswith(" MB") for text in peaks)

@@ -1,3 +1,4 @@
 import './base.css';
 import './hang.css';
 import './grid.css';
+import './balance.css';
