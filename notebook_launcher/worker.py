@@ -20,6 +20,7 @@ import builtins
 import copy
 import ctypes
 import faulthandler
+import functools
 import io
 import logging
 import os
@@ -296,10 +297,25 @@ def _capture_streams(spec: WorkerSpec, events: EventWriter) -> tuple:
     sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>", events)
     sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the worker
     builtins.input = _no_input  # ipykernel's input() would ask the notebook over its sockets and never return
+    builtins.print = _one_write_print(builtins.print)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     return previous
+
+
+def _one_write_print(original):
+    """``print`` that hands a line to our streams in one write (Python's writes the text and the newline
+    separately: two events, two pipe writes, two frames for the kernel to read). Anything else: the original."""
+    @functools.wraps(original)
+    def print(*values, sep=" ", end="\n", file=None, flush=False):  # noqa: A001 - it is print
+        target = sys.stdout if file is None else file
+        if type(target) is not FdTextStream or type(sep) is not str or type(end) is not str:
+            return original(*values, sep=sep, end=end, file=file, flush=flush)
+        target.write(sep.join([value if type(value) is str else str(value) for value in values]) + end)
+        return None
+
+    return print
 
 
 def _retarget_logging_handlers(previous_streams) -> None:
