@@ -15,6 +15,7 @@ HEADER = 4  # op code, dtype code, ndim, detail; then MAX_DIMS sizes; then "can 
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
            torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 # The raw collectives checked in debug mode: (name of the tensor argument or None, what must agree)
 #   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
@@ -41,15 +42,16 @@ OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES] + [
     f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
                                                  "reduce", "pad_across_processes")] + [
     "notebook_launcher.check_trigger"]
+_CODES = {name: code for code, name in enumerate(OPERATIONS)}
 
 
 def signature(operation: str, subject, rule: str, detail: int = 0) -> list[int]:
     """The integers every rank must agree on, and a last one (whether this rank can carry its tensor) that
     only decides, from everybody's answer, how the operation is finished."""
-    row = [OPERATIONS.index(operation), -1, -1, detail] + [-1] * MAX_DIMS + [0]
+    row = [_CODES[operation], -1, -1, detail] + [-1] * MAX_DIMS + [0]
     if isinstance(subject, torch.Tensor):
-        known = subject.dtype in _DTYPES
-        row[1] = _DTYPES.index(subject.dtype) if known else len(_DTYPES) + stable_code(subject.dtype)
+        known = subject.dtype in _DTYPE_CODES
+        row[1] = _DTYPE_CODES[subject.dtype] if known else len(_DTYPES) + stable_code(subject.dtype)
         if rule in ("shape", "dtype"):
             row[2] = subject.ndim
         if rule == "shape":

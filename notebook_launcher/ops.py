@@ -38,7 +38,9 @@ from .agreement import OPERATIONS, RAW_COLLECTIVES, mismatch, signature, stable_
 from .events import SHAPE_MISMATCH, TRUE_VALUES
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
-_CARRY_SPACE = [0] * (CARRY_BYTES // 8)
+_SIGNATURE_INTS = len(signature("torch.distributed.barrier", None, "op"))
+_HEAD_INTS = _SIGNATURE_INTS + _SIGNATURE_INTS % 2  # the carried bytes start 16-byte aligned (any dtype's view)
+ROW_INTS = _HEAD_INTS + CARRY_BYTES // 8  # a check row, in int64
 # the originals (before connect() wraps them) of the raw collectives this torch has
 _raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES if hasattr(dist, name)}
 _gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
@@ -88,7 +90,9 @@ def gather(tensor):
         return tensor
     with _collective("notebook_launcher.ops.gather", tensor, "shape", carry=True) as exchange:
         if exchange.carried is not None:  # debug mode: the tensors came with the check, in the same round
-            return torch.cat([piece.reshape(1) if piece.ndim == 0 else piece for piece in exchange.carried])
+            carried = exchange.carried  # (world_size, *shape), a view of the check's rows: copied here
+            return carried.clone(memory_format=torch.contiguous_format).view(
+                (carried.shape[0] * (tensor.shape[0] if tensor.ndim else 1),) + tuple(tensor.shape[1:]))
         if tensor.ndim == 0:
             tensor = tensor[None]
         output = torch.empty((dist.get_world_size() * tensor.shape[0],) + tuple(tensor.shape[1:]),
@@ -194,7 +198,7 @@ class _collective:
     """Around one collective: records progress, checks agreement in debug mode, marks nested calls.
 
     ``carry``: the caller can finish the operation from every rank's tensor, so in debug mode a small tensor
-    travels with the check (``.carried``: one tensor per rank) and the operation costs no second round.
+    travels with the check (``.carried``: every rank's tensor, stacked) and the operation costs no second round.
     """
 
     def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None,
@@ -208,8 +212,9 @@ class _collective:
         if not self.outer:
             return self
         _state.inside = True
-        site = self.site or call_site()
+        site = self.site
         if _worker.progress is not None:
+            site = site or call_site()
             name = self.operation.rsplit(".", 1)[-1]
             _worker.progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
         try:
@@ -237,41 +242,75 @@ def set_inside(inside: bool) -> bool:
     return outer
 
 
-def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False,
+def check_agreement(operation: str, subject, rule: str, group=None, site: str | None = None, carry: bool = False,
                     detail: int = 0):
     """One all_gather of a fixed-size integer row per rank; raises DistributedOperationException on every rank
     if the rows differ.
 
-    With ``carry`` and a small tensor (up to CARRY_BYTES), the row also carries the tensor's bytes, and the
-    list of every rank's tensor is returned; otherwise None.
+    With ``carry`` and a small tensor (up to CARRY_BYTES), the row also carries the tensor's bytes, and every
+    rank's tensor is returned, stacked (a view into this thread's rows: valid until its next check, so the
+    caller copies from it at once); otherwise None. ``site``: the caller's line, found here only on a mismatch.
     """
     world_size = dist.get_world_size(group)
     row = signature(operation, subject, rule, detail)
     device = _check_device(group)
+    rows = _rows(world_size, device)
     nbytes = subject.numel() * subject.element_size() if isinstance(subject, torch.Tensor) else 0
     can_carry = (carry and rule == "shape" and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
                  and subject.layout == torch.strided and subject.device == device)
     row[-1] = int(can_carry)
-    mine = torch.tensor(row + _CARRY_SPACE, dtype=torch.int64)  # the same size on every rank: fixed
-    if can_carry and nbytes:
-        data = subject.detach().reshape(-1).contiguous().cpu()
-        mine[len(row):].view(torch.uint8)[:nbytes] = data.view(torch.uint8)
-    mine = mine.to(device)
-    table = torch.empty((world_size, mine.numel()), dtype=torch.int64, device=device)
-    _gather_flat(table.view(-1), mine, group=group)
-    heads = table[:, :len(row)].cpu()
-    if torch.equal(heads[:, :-1], heads[0, :-1].expand(world_size, len(row) - 1)):
-        if not bool(heads[:, -1].all()):  # every rank decides alike: carry only if all of them can
+    rows.head[:len(row)] = row  # the same size on every rank: fixed
+    if can_carry:
+        mine, every = rows.views(subject.dtype, subject.shape, nbytes)
+        mine.copy_(subject.detach())
+    _gather_flat(rows.table.view(-1), rows.mine.to(device), group=group)  # (.to: the same tensor on the CPU)
+    heads = rows.heads.tolist()
+    first = heads[0][:-1]
+    if all(head[:-1] == first for head in heads):
+        if not all(head[-1] for head in heads):  # every rank decides alike: carry only if all of them can
             return None
-        every = table[:, len(row):].view(torch.uint8)[:, :nbytes].view(subject.dtype)
-        return list(every.view((world_size,) + tuple(subject.shape)).unbind(0))
-    rows = [r[:-1] for r in heads.tolist()]
+        return every
+    rows = [head[:len(row) - 1] for head in heads]
     sites = [None] * world_size
-    _raw["all_gather_object"](sites, site, group=group)  # the slow path: we are about to fail anyway
+    _raw["all_gather_object"](sites, site or call_site(), group=group)  # the slow path: we fail anyway
     report = mismatch(operation, rows, sites)
     if _worker.emit is not None and dist.get_rank(group) == 0:
         _worker.emit(SHAPE_MISMATCH, report)
     raise DistributedOperationException(report["message"])
+
+
+class _Rows:
+    """This thread's check row and the table the ranks' rows are gathered into, kept from one check to the
+    next (the same sizes every time), with the views that carry a tensor of a given dtype and shape: a check
+    makes no tensor of its own on the CPU."""
+
+    def __init__(self, world_size: int, device):
+        self.mine = torch.zeros(ROW_INTS, dtype=torch.int64)  # built on the CPU, moved to ``device`` if need be
+        self.head = self.mine[:_HEAD_INTS].numpy()
+        self.table = torch.empty((world_size, ROW_INTS), dtype=torch.int64, device=device)
+        self.heads = self.table[:, :_SIGNATURE_INTS]
+        self._views: dict = {}
+
+    def views(self, dtype, shape, nbytes: int):
+        """Where this rank's tensor goes in its row (on the CPU), and every rank's in the gathered table."""
+        key = (dtype, shape)
+        if key not in self._views:
+            if len(self._views) >= 64:  # (a few shapes in a training loop; any number in a test)
+                self._views.clear()
+            mine = self.mine[_HEAD_INTS:].view(torch.uint8)[:nbytes].view(dtype).view(shape)
+            every = self.table[:, _HEAD_INTS:].view(torch.uint8)[:, :nbytes].view(dtype)
+            self._views[key] = (mine, every.view((self.table.shape[0],) + tuple(shape)))
+        return self._views[key]
+
+
+def _rows(world_size: int, device) -> _Rows:
+    kept = getattr(_state, "rows", None)
+    if kept is None:
+        kept = _state.rows = {}
+    key = (world_size, device)
+    if key not in kept:
+        kept[key] = _Rows(world_size, device)
+    return kept[key]
 
 
 def _check_device(group=None):
@@ -386,16 +425,15 @@ def _detail(bound: dict) -> int:
     return 0
 
 
-def _finish_from_carried(name: str, bound: dict, carried: list) -> None:
+def _finish_from_carried(name: str, bound: dict, carried) -> None:
     """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
     with torch.no_grad():
         if name == "all_reduce":
             tensor = bound["tensor"]
-            reduced = _LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](torch.stack(carried))
-            tensor.copy_(reduced.to(tensor.dtype))
+            tensor.copy_(_LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](carried))
         elif name == "all_gather":
             for target, piece in zip(bound["tensor_list"], carried):
                 target.copy_(piece)
         else:
-            bound["output_tensor"].view(-1).copy_(torch.cat([piece.reshape(-1) for piece in carried]))
+            bound["output_tensor"].view(carried.shape).copy_(carried)
     return None
