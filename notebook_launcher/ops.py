@@ -34,13 +34,10 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .agreement import OPERATIONS, RAW_COLLECTIVES, mismatch, signature, stable_code
+from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
 from .events import SHAPE_MISMATCH, TRUE_VALUES
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
-_SIGNATURE_INTS = len(signature("torch.distributed.barrier", None, "op"))
-_HEAD_INTS = _SIGNATURE_INTS + _SIGNATURE_INTS % 2  # the carried bytes start 16-byte aligned (any dtype's view)
-ROW_INTS = _HEAD_INTS + CARRY_BYTES // 8  # a check row, in int64
 # the originals (before connect() wraps them) of the raw collectives this torch has
 _raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES if hasattr(dist, name)}
 _gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
@@ -118,8 +115,12 @@ def broadcast(tensor, from_process: int = 0):
     """``tensor`` from rank ``from_process`` on every rank (in place; also returned)."""
     if not _distributed():
         return tensor
-    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", detail=from_process):
-        _raw["broadcast"](tensor, src=from_process)
+    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", carry=True, detail=from_process) as exchange:
+        if exchange.carried is not None:  # debug mode: rank from_process's tensor came with the check
+            with torch.no_grad():
+                tensor.copy_(exchange.carried[from_process])
+        else:
+            _raw["broadcast"](tensor, src=from_process)
     return tensor
 
 
@@ -279,38 +280,13 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str | 
     raise DistributedOperationException(report["message"])
 
 
-class _Rows:
-    """This thread's check row and the table the ranks' rows are gathered into, kept from one check to the
-    next (the same sizes every time), with the views that carry a tensor of a given dtype and shape: a check
-    makes no tensor of its own on the CPU."""
-
-    def __init__(self, world_size: int, device):
-        self.mine = torch.zeros(ROW_INTS, dtype=torch.int64)  # built on the CPU, moved to ``device`` if need be
-        self.head = self.mine[:_HEAD_INTS].numpy()
-        self.table = torch.empty((world_size, ROW_INTS), dtype=torch.int64, device=device)
-        self.heads = self.table[:, :_SIGNATURE_INTS]
-        self._views: dict = {}
-
-    def views(self, dtype, shape, nbytes: int):
-        """Where this rank's tensor goes in its row (on the CPU), and every rank's in the gathered table."""
-        key = (dtype, shape)
-        if key not in self._views:
-            if len(self._views) >= 64:  # (a few shapes in a training loop; any number in a test)
-                self._views.clear()
-            mine = self.mine[_HEAD_INTS:].view(torch.uint8)[:nbytes].view(dtype).view(shape)
-            every = self.table[:, _HEAD_INTS:].view(torch.uint8)[:, :nbytes].view(dtype)
-            self._views[key] = (mine, every.view((self.table.shape[0],) + tuple(shape)))
-        return self._views[key]
-
-
-def _rows(world_size: int, device) -> _Rows:
-    kept = getattr(_state, "rows", None)
+def _rows(world_size: int, device) -> Rows:
+    kept = getattr(_state, "rows", None)  # this thread's rows (see agreement.Rows)
     if kept is None:
         kept = _state.rows = {}
-    key = (world_size, device)
-    if key not in kept:
-        kept[key] = _Rows(world_size, device)
-    return kept[key]
+    if (world_size, device) not in kept:
+        kept[(world_size, device)] = Rows(world_size, device, CARRY_BYTES)
+    return kept[(world_size, device)]
 
 
 def _check_device(group=None):
@@ -392,7 +368,7 @@ _LOCAL_REDUCTIONS = {dist.ReduceOp.SUM: lambda stacked: stacked.sum(0),
                      dist.ReduceOp.MAX: lambda stacked: stacked.amax(0),
                      dist.ReduceOp.MIN: lambda stacked: stacked.amin(0),
                      dist.ReduceOp.PRODUCT: lambda stacked: stacked.prod(0)}
-_FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single")
+_FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
 
 
 def _can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
@@ -400,17 +376,27 @@ def _can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
     ranks then go that way only if all of them can (the answer travels in the check row)."""
     if name not in _FINISHED_FROM_CARRIED or bound.get("async_op") or not isinstance(subject, torch.Tensor):
         return False
-    if subject.dtype in (torch.float16, torch.bfloat16):
-        return False  # the backend rounds at every step; summing here would round once
     world_size = dist.get_world_size(group)
-    if name == "all_reduce":
-        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS
+    if name == "all_reduce":  # (in half precision the backend rounds at every step; summing here rounds once)
+        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS and \
+            subject.dtype not in (torch.float16, torch.bfloat16)
+    if name == "broadcast":
+        return _source_index(bound, group) is not None
     if name == "all_gather":
         targets = bound.get("tensor_list") or []
         return len(targets) == world_size and all(t.shape == subject.shape and t.dtype == subject.dtype
                                                   for t in targets)
     output = bound.get("output_tensor")
     return output is not None and output.numel() == world_size * subject.numel() and output.is_contiguous()
+
+
+def _source_index(bound: dict, group) -> int | None:
+    """A broadcast's source as an index into the group's ranks (the order of the carried tensors)."""
+    if bound.get("group_src") is not None:
+        return int(bound["group_src"])
+    if bound.get("src") is None:
+        return None
+    return int(bound["src"]) if group is None else dist.get_group_rank(group, int(bound["src"]))
 
 
 def _detail(bound: dict) -> int:
@@ -434,6 +420,8 @@ def _finish_from_carried(name: str, bound: dict, carried) -> None:
         elif name == "all_gather":
             for target, piece in zip(bound["tensor_list"], carried):
                 target.copy_(piece)
+        elif name == "broadcast":
+            bound["tensor"].copy_(carried[_source_index(bound, bound.get("group"))])
         else:
             bound["output_tensor"].view(carried.shape).copy_(carried)
     return None

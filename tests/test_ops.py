@@ -386,6 +386,10 @@ def carried_in_every_form():
     output = torch.empty(2 * 4, dtype=torch.float64)
     dist.all_gather_into_tensor(output, torch.full((4,), rank + 0.25, dtype=torch.float64))
     results["into_tensor"] = output
+    results["ops.broadcast"] = ops.broadcast(torch.arange(4.0) * (rank + 1), from_process=1)
+    raw = torch.full((2, 2), rank, dtype=torch.int32)
+    dist.broadcast(raw, src=1)
+    results["broadcast"] = raw
     return {name: value.tolist() for name, value in results.items()}
 
 
