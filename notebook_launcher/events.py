@@ -40,9 +40,10 @@ Kinds of events
 ``restart``  data: ``{"attempt", "reason": "out of memory" | "failure", "batch_size", "text"}`` (made by the
              kernel): every rank starts again, as attempt ``attempt``
 ``progress`` data: ``{"step", "total", "metrics": {name: number}}``: ``report(step=..., **metrics)``
-``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created",
-             "exc_text", "stack", "in_order"}``: one logging record (``get_logger``, plain ``logging``,
-             ``warnings.warn``). ``in_order`` is the rank's count of in_order calls (or None); a record
+``log``      data: ``{"level", "levelno", "logger", "message", "file", "line", "function", "created"}``, and
+             ``"exc_text"``, ``"stack"``, ``"in_order"`` when the record has them: one logging record
+             (``get_logger``, plain ``logging``, ``warnings.warn``). ``in_order`` is the rank's count of
+             in_order calls; a record
              ``{"in_order": n, "skipped": True}`` says the rank's level filtered its record of call n out
 ``hang_notice`` data: ``{"state": "open", "quiet_s", "ranks": {rank: {"state": "waiting" | "in_ddp" | "busy" |
              "finished" | "exited", "text"}}, "diverged": rank | None, "stacks": {rank: text}, "text"}`` or

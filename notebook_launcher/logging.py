@@ -110,12 +110,14 @@ class EventLogHandler(logging.Handler):
                 exc_text = logging.Formatter().formatException(record.exc_info)
             elif record.exc_text:
                 exc_text = record.exc_text
-            self.channel.emit(LOG, {
-                "level": record.levelname, "levelno": record.levelno, "logger": record.name,
-                "message": record.getMessage(), "file": record.pathname, "line": record.lineno,
-                "function": record.funcName, "created": record.created, "exc_text": exc_text,
-                "stack": record.stack_info, "in_order": getattr(record, "nl_in_order", None),
-            })
+            data = {"level": record.levelname, "levelno": record.levelno, "logger": record.name,
+                    "message": record.getMessage(), "file": record.pathname, "line": record.lineno,
+                    "function": record.funcName, "created": record.created}
+            for key, value in (("exc_text", exc_text), ("stack", record.stack_info),
+                               ("in_order", getattr(record, "nl_in_order", None))):
+                if value is not None:  # (left out when empty: every line of a flood is shorter to send and store)
+                    data[key] = value
+            self.channel.emit(LOG, data)
         except Exception:  # noqa: BLE001 - logging must never take the training down
             self.handleError(record)
 
@@ -158,9 +160,11 @@ def _record_data(logger: logging.Logger, level: int, msg, args, stacklevel: int,
             stacklevel -= 1
         frame = frame.f_back
     code = frame.f_code
-    return {"level": logging.getLevelName(level), "levelno": level, "logger": logger.name, "message": message,
-            "file": code.co_filename, "line": frame.f_lineno, "function": code.co_name, "created": time.time(),
-            "exc_text": None, "stack": None, "in_order": order}
+    data = {"level": logging.getLevelName(level), "levelno": level, "logger": logger.name, "message": message,
+            "file": code.co_filename, "line": frame.f_lineno, "function": code.co_name, "created": time.time()}
+    if order is not None:
+        data["in_order"] = order
+    return data
 
 
 def install_event_logging(channel: EventWriter, kernel_streams) -> None:
