@@ -24,6 +24,7 @@ the one collective other modules build on (``check_trigger``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -340,12 +341,17 @@ def connect(emit, debug: bool | None = None, progress=None) -> None:
 
 def _wrapped(name: str, original, argument: str | None, rule: str):
     parameters = inspect.signature(original)
+    names = [p.name for p in parameters.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    plain = len(names) == len(parameters.parameters)  # then arguments map to names without inspect's binding
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
         if getattr(_state, "inside", False):
             return original(*args, **kwargs)
-        bound = parameters.bind_partial(*args, **kwargs).arguments
+        if plain and len(args) <= len(names) and not kwargs.keys() - names[len(args):]:
+            bound = {**dict(zip(names, args)), **kwargs}
+        else:
+            bound = parameters.bind_partial(*args, **kwargs).arguments
         group = bound.get("group")
         if group is not None and dist.distributed_c10d._rank_not_in_group(group):
             return original(*args, **kwargs)  # not a member: a no-op for this rank, in torch too
@@ -413,7 +419,7 @@ def _detail(bound: dict) -> int:
 
 def _finish_from_carried(name: str, bound: dict, carried) -> None:
     """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
-    with torch.no_grad():
+    with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
         if name == "all_reduce":
             tensor = bound["tensor"]
             tensor.copy_(_LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](carried))
