@@ -3,7 +3,7 @@ when the rows differ.
 
 A row: operation code, dtype code, ndim, detail (reduce op, src or dst), MAX_DIMS sizes, and last whether this
 rank can carry its tensor with the row. Integers of a fixed count, so the ranks compare them in one small
-all_gather without pickling (``ops.check_agreement`` runs it; this module only encodes and explains).
+all_gather without pickling (``ops.check_agreement`` runs it; this module encodes, lays out and explains).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ HEADER = 4  # op code, dtype code, ndim, detail; then MAX_DIMS sizes; then "can 
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
            torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 # The raw collectives checked in debug mode: (name of the tensor argument or None, what must agree)
 #   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
@@ -41,15 +42,16 @@ OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES] + [
     f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
                                                  "reduce", "pad_across_processes")] + [
     "notebook_launcher.check_trigger"]
+_CODES = {name: code for code, name in enumerate(OPERATIONS)}
 
 
 def signature(operation: str, subject, rule: str, detail: int = 0) -> list[int]:
     """The integers every rank must agree on, and a last one (whether this rank can carry its tensor) that
     only decides, from everybody's answer, how the operation is finished."""
-    row = [OPERATIONS.index(operation), -1, -1, detail] + [-1] * MAX_DIMS + [0]
+    row = [_CODES[operation], -1, -1, detail] + [-1] * MAX_DIMS + [0]
     if isinstance(subject, torch.Tensor):
-        known = subject.dtype in _DTYPES
-        row[1] = _DTYPES.index(subject.dtype) if known else len(_DTYPES) + stable_code(subject.dtype)
+        known = subject.dtype in _DTYPE_CODES
+        row[1] = _DTYPE_CODES[subject.dtype] if known else len(_DTYPES) + stable_code(subject.dtype)
         if rule in ("shape", "dtype"):
             row[2] = subject.ndim
         if rule == "shape":
@@ -109,3 +111,31 @@ def _operation_mismatch_message(rows, sites) -> str:
              "point, so they would wait on each other forever.", "", "Operations:"]
     lines += [f"  - Process {rank}: {OPERATIONS[row[0]]} at {sites[rank]}" for rank, row in enumerate(rows)]
     return "\n".join(lines)
+
+
+SIGNATURE_INTS = len(signature("torch.distributed.barrier", None, "op"))
+_HEAD_INTS = SIGNATURE_INTS + SIGNATURE_INTS % 2  # the carried bytes start 16-byte aligned (any dtype's view)
+
+
+class Rows:
+    """One thread's check row (the signature, then ``carry_bytes`` for a small tensor) and the table the ranks'
+    rows are gathered into, kept from one check to the next (the same sizes every time), with the views that
+    carry a tensor of a given dtype and shape: a check makes no tensor of its own on the CPU."""
+
+    def __init__(self, world_size: int, device, carry_bytes: int):
+        self.mine = torch.zeros(_HEAD_INTS + carry_bytes // 8, dtype=torch.int64)  # moved to ``device`` if need be
+        self.head = self.mine[:_HEAD_INTS].numpy()
+        self.table = torch.empty((world_size, self.mine.numel()), dtype=torch.int64, device=device)
+        self.heads = self.table[:, :SIGNATURE_INTS]
+        self._views: dict = {}
+
+    def views(self, dtype, shape, nbytes: int):
+        """Where this rank's tensor goes in its row (on the CPU), and every rank's in the gathered table."""
+        key = (dtype, shape)
+        if key not in self._views:
+            if len(self._views) >= 64:  # (a few shapes in a training loop; any number in a test)
+                self._views.clear()
+            mine = self.mine[_HEAD_INTS:].view(torch.uint8)[:nbytes].view(dtype).view(shape)
+            every = self.table[:, _HEAD_INTS:].view(torch.uint8)[:, :nbytes].view(dtype)
+            self._views[key] = (mine, every.view((self.table.shape[0],) + tuple(shape)))
+        return self._views[key]

@@ -54,7 +54,10 @@ class FrameDecoder:
                     return frames
                 frames.append(self._take())
             self._buffer += view
-            while self._next_header():
+            while True:
+                self._small_frames(frames)
+                if not self._next_header():
+                    break
                 if self._pending:
                     self._fill_from_buffer()
                     if self._pending:
@@ -67,6 +70,26 @@ class FrameDecoder:
             del self._buffer[:self._at]
             self._at = 0
         return frames
+
+    def _small_frames(self, frames: list) -> None:
+        """The frames without an attachment at the front of the buffer (every log line and print), in one tight
+        loop; it stops at anything else (an attachment, an incomplete or a bad frame) for ``_next_header``."""
+        buffer, at, refused = self._buffer, self._at, self._refused
+        size, unpack, loads, total = FRAME_HEADER.size, FRAME_HEADER.unpack_from, marshal.loads, len(buffer)
+        with memoryview(buffer) as view:
+            while total - at >= size:
+                header_len, attachment_len = unpack(buffer, at)
+                end = at + size + header_len
+                if attachment_len or not 0 < header_len <= MAX_HEADER_BYTES or end > total:
+                    break
+                try:
+                    header = loads(view[at + size:end])
+                except (ValueError, EOFError, TypeError):
+                    break  # (_next_header says why)
+                check_header(header, 0, refused)
+                frames.append((header, b""))
+                at = end
+        self._at = at
 
     def _next_header(self) -> bool:
         """Take one header off the buffer once it is complete; False while it is not."""
@@ -203,6 +226,14 @@ class LineSplitter:
             self._continued = True
         return decoded
 
+    def feed_text(self, text: str) -> list[str]:
+        """``feed`` for text a rank's Python code wrote: whole ASCII lines without a carriage return (nearly
+        every print and log line) are cut as they are, without the round trip through bytes."""
+        if not self._partial and not self._continued and text.endswith("\n") and text.isascii() \
+                and "\r" not in text and len(text) <= self.MAX_LINE_BYTES:
+            return text[:-1].split("\n")
+        return self.feed(text.encode("utf-8", "backslashreplace"))
+
     def redraw(self) -> str | None:
         """The newest state of an unfinished line that redraws itself with ``\r`` (a tqdm bar), once per change.
 
@@ -241,5 +272,5 @@ def event_from_frame(header: dict, attachment, seq: int) -> Event:
     """Rebuild an event from a decoded (and checked) frame; the kernel assigns its own per-rank sequence number."""
     data = dict(header["data"])
     data.setdefault("worker_seq", header["seq"])
-    return Event(rank=header["rank"], seq=seq, time=float(header["time"]), kind=header["kind"], data=data,
-                 attachment=attachment if attachment is not None else b"")
+    return Event(header["rank"], seq, float(header["time"]), header["kind"], data,
+                 attachment if attachment is not None else b"")

@@ -48,8 +48,14 @@ class RankDemux:
 
     def _feed_events(self, chunk: bytes) -> Iterator[Event]:
         decoder = self._decoder
+        rank = self.rank
         for header, attachment in decoder.feed(chunk):
-            yield from self._from_frame(header, attachment)
+            if header["kind"] == OUTPUT:
+                yield from self._from_frame(header, attachment)
+            else:  # (_from_frame's other half, inline: one generator less per log record)
+                self.seq += 1
+                header["rank"] = rank  # the pipe says who wrote it
+                yield event_from_frame(header, attachment, self.seq)
         if decoder.broken and not self._broken_reported:  # the pipe is still read (and dropped): no block
             self._broken_reported = True
             yield self.event(FAILURE, {
@@ -88,16 +94,16 @@ class RankDemux:
         return False
 
     def _from_frame(self, header: dict, attachment) -> Iterator[Event]:
-        header["rank"] = self.rank  # the pipe says who wrote it
-        if header.get("kind") == OUTPUT:  # Python-level text: cut into lines here, passed on as stream events
-            data = header.get("data") or {}
+        if header["kind"] == OUTPUT:  # Python-level text: cut into lines here, passed on as stream events
+            data = header["data"]
             stream = "stderr" if data.get("stream") == "stderr" else "stdout"
-            splitter = self._python_lines.setdefault(stream, LineSplitter())
-            for line in splitter.feed(str(data.get("text", "")).encode("utf-8", "backslashreplace")):
+            splitter = self._python_lines.get(stream) or self._python_lines.setdefault(stream, LineSplitter())
+            for line in splitter.feed_text(str(data.get("text", ""))):
                 yield self.event(STREAM, {"stream": stream, "text": line})
             yield from self._redraw(stream, splitter)
             return
         self.seq += 1
+        header["rank"] = self.rank  # the pipe says who wrote it
         yield event_from_frame(header, attachment, self.seq)
 
     def _redraw(self, stream: str, splitter: LineSplitter) -> Iterator[Event]:

@@ -13,14 +13,19 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
+import time
 import warnings
+from collections.abc import Mapping
 
 from .events import LOG, EventWriter
 
 _channel: EventWriter | None = None
 _in_order_calls = 0
 _in_order_lock = threading.Lock()
+_root = logging.getLogger()
+_root_handlers: list = []  # [the event handler] once install_event_logging has run (the fast path's test)
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
@@ -44,6 +49,13 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             if order is not None and _channel is not None:
                 _channel.emit(LOG, {"in_order": order, "skipped": True})  # the kernel need not wait for us
             return
+        if not kwargs and _channel is not None and type(level) is int and type(self) is MultiProcessAdapter \
+                and _only_event_handler(self.logger):
+            try:
+                _channel.emit(LOG, _record_data(self.logger, level, msg, args, stacklevel, order))
+                return
+            except Exception:  # noqa: BLE001 - a message that does not format: logging's own path reports it
+                pass
         extra = kwargs.pop("extra", None)
         msg, kwargs = self.process(msg, kwargs)
         if extra or order is not None:
@@ -98,14 +110,61 @@ class EventLogHandler(logging.Handler):
                 exc_text = logging.Formatter().formatException(record.exc_info)
             elif record.exc_text:
                 exc_text = record.exc_text
-            self.channel.emit(LOG, {
-                "level": record.levelname, "levelno": record.levelno, "logger": record.name,
-                "message": record.getMessage(), "file": record.pathname, "line": record.lineno,
-                "function": record.funcName, "created": record.created, "exc_text": exc_text,
-                "stack": record.stack_info, "in_order": getattr(record, "nl_in_order", None),
-            })
+            data = {"level": record.levelname, "levelno": record.levelno, "logger": record.name,
+                    "message": record.getMessage(), "file": record.pathname, "line": record.lineno,
+                    "function": record.funcName, "created": record.created}
+            for key, value in (("exc_text", exc_text), ("stack", record.stack_info),
+                               ("in_order", getattr(record, "nl_in_order", None))):
+                if value is not None:  # (left out when empty: every line of a flood is shorter to send and store)
+                    data[key] = value
+            self.channel.emit(LOG, data)
         except Exception:  # noqa: BLE001 - logging must never take the training down
             self.handleError(record)
+
+
+def _only_event_handler(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` would reach our event handler and nothing else: then the call can send
+    the event itself, without a LogRecord, the handler lock and the filters (half the cost of a call). Checked
+    at every call: the user may add a handler or a filter at any time."""
+    if type(logger) is not logging.Logger or logging._logRecordFactory is not logging.LogRecord \
+            or logging._srcfile is None:
+        return False
+    while logger is not _root:
+        if logger.handlers or logger.filters or not logger.propagate:
+            return False
+        logger = logger.parent
+        if logger is None:
+            return False
+    if _root.handlers != _root_handlers or _root.filters:
+        return False
+    handler = _root_handlers[0]
+    return not handler.filters and handler.level == logging.NOTSET and type(handler) is EventLogHandler
+
+
+def _record_data(logger: logging.Logger, level: int, msg, args, stacklevel: int, order) -> dict:
+    """What ``EventLogHandler.emit`` sends for a record of this call, made without the record: the same
+    message (``LogRecord.getMessage``) and the same caller (``Logger.findCaller``: logging's own frames skipped,
+    ``stacklevel`` frames up from the caller of ``log``)."""
+    if args and len(args) == 1 and isinstance(args[0], Mapping) and args[0]:
+        args = args[0]
+    message = str(msg)
+    if args:
+        message = message % args
+    frame = sys._getframe(2)  # the caller of log() (log's own frame is ours, the one below it is this one)
+    srcfile = logging._srcfile
+    while frame.f_back is not None:
+        name = frame.f_code.co_filename
+        if name != srcfile and not ("importlib" in name and "_bootstrap" in name):  # findCaller's test (POSIX)
+            if stacklevel <= 1:
+                break
+            stacklevel -= 1
+        frame = frame.f_back
+    code = frame.f_code
+    data = {"level": logging.getLevelName(level), "levelno": level, "logger": logger.name, "message": message,
+            "file": code.co_filename, "line": frame.f_lineno, "function": code.co_name, "created": time.time()}
+    if order is not None:
+        data["in_order"] = order
+    return data
 
 
 def install_event_logging(channel: EventWriter, kernel_streams) -> None:
@@ -122,7 +181,9 @@ def install_event_logging(channel: EventWriter, kernel_streams) -> None:
     for handler in list(root.handlers):
         if isinstance(handler, logging.StreamHandler) and id(getattr(handler, "stream", None)) in stream_ids:
             root.removeHandler(handler)
-    root.addHandler(EventLogHandler(channel))
+    handler = EventLogHandler(channel)
+    root.addHandler(handler)
+    _root_handlers[:] = [handler]
     warnings.showwarning = _warning_to_log
 
 

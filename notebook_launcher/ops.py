@@ -24,6 +24,7 @@ the one collective other modules build on (``check_trigger``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -34,11 +35,10 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .agreement import OPERATIONS, RAW_COLLECTIVES, mismatch, signature, stable_code
+from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
 from .events import SHAPE_MISMATCH, TRUE_VALUES
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
-_CARRY_SPACE = [0] * (CARRY_BYTES // 8)
 # the originals (before connect() wraps them) of the raw collectives this torch has
 _raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES if hasattr(dist, name)}
 _gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
@@ -88,7 +88,9 @@ def gather(tensor):
         return tensor
     with _collective("notebook_launcher.ops.gather", tensor, "shape", carry=True) as exchange:
         if exchange.carried is not None:  # debug mode: the tensors came with the check, in the same round
-            return torch.cat([piece.reshape(1) if piece.ndim == 0 else piece for piece in exchange.carried])
+            carried = exchange.carried  # (world_size, *shape), a view of the check's rows: copied here
+            return carried.clone(memory_format=torch.contiguous_format).view(
+                (carried.shape[0] * (tensor.shape[0] if tensor.ndim else 1),) + tuple(tensor.shape[1:]))
         if tensor.ndim == 0:
             tensor = tensor[None]
         output = torch.empty((dist.get_world_size() * tensor.shape[0],) + tuple(tensor.shape[1:]),
@@ -114,8 +116,12 @@ def broadcast(tensor, from_process: int = 0):
     """``tensor`` from rank ``from_process`` on every rank (in place; also returned)."""
     if not _distributed():
         return tensor
-    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", detail=from_process):
-        _raw["broadcast"](tensor, src=from_process)
+    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", carry=True, detail=from_process) as exchange:
+        if exchange.carried is not None:  # debug mode: rank from_process's tensor came with the check
+            with torch.no_grad():
+                tensor.copy_(exchange.carried[from_process])
+        else:
+            _raw["broadcast"](tensor, src=from_process)
     return tensor
 
 
@@ -194,7 +200,7 @@ class _collective:
     """Around one collective: records progress, checks agreement in debug mode, marks nested calls.
 
     ``carry``: the caller can finish the operation from every rank's tensor, so in debug mode a small tensor
-    travels with the check (``.carried``: one tensor per rank) and the operation costs no second round.
+    travels with the check (``.carried``: every rank's tensor, stacked) and the operation costs no second round.
     """
 
     def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None,
@@ -208,8 +214,9 @@ class _collective:
         if not self.outer:
             return self
         _state.inside = True
-        site = self.site or call_site()
+        site = self.site
         if _worker.progress is not None:
+            site = site or call_site()
             name = self.operation.rsplit(".", 1)[-1]
             _worker.progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
         try:
@@ -237,41 +244,50 @@ def set_inside(inside: bool) -> bool:
     return outer
 
 
-def check_agreement(operation: str, subject, rule: str, group=None, site: str = "", carry: bool = False,
+def check_agreement(operation: str, subject, rule: str, group=None, site: str | None = None, carry: bool = False,
                     detail: int = 0):
     """One all_gather of a fixed-size integer row per rank; raises DistributedOperationException on every rank
     if the rows differ.
 
-    With ``carry`` and a small tensor (up to CARRY_BYTES), the row also carries the tensor's bytes, and the
-    list of every rank's tensor is returned; otherwise None.
+    With ``carry`` and a small tensor (up to CARRY_BYTES), the row also carries the tensor's bytes, and every
+    rank's tensor is returned, stacked (a view into this thread's rows: valid until its next check, so the
+    caller copies from it at once); otherwise None. ``site``: the caller's line, found here only on a mismatch.
     """
     world_size = dist.get_world_size(group)
     row = signature(operation, subject, rule, detail)
     device = _check_device(group)
+    rows = _rows(world_size, device)
     nbytes = subject.numel() * subject.element_size() if isinstance(subject, torch.Tensor) else 0
     can_carry = (carry and rule == "shape" and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
                  and subject.layout == torch.strided and subject.device == device)
     row[-1] = int(can_carry)
-    mine = torch.tensor(row + _CARRY_SPACE, dtype=torch.int64)  # the same size on every rank: fixed
-    if can_carry and nbytes:
-        data = subject.detach().reshape(-1).contiguous().cpu()
-        mine[len(row):].view(torch.uint8)[:nbytes] = data.view(torch.uint8)
-    mine = mine.to(device)
-    table = torch.empty((world_size, mine.numel()), dtype=torch.int64, device=device)
-    _gather_flat(table.view(-1), mine, group=group)
-    heads = table[:, :len(row)].cpu()
-    if torch.equal(heads[:, :-1], heads[0, :-1].expand(world_size, len(row) - 1)):
-        if not bool(heads[:, -1].all()):  # every rank decides alike: carry only if all of them can
+    rows.head[:len(row)] = row  # the same size on every rank: fixed
+    if can_carry:
+        mine, every = rows.views(subject.dtype, subject.shape, nbytes)
+        mine.copy_(subject.detach())
+    _gather_flat(rows.table.view(-1), rows.mine.to(device), group=group)  # (.to: the same tensor on the CPU)
+    heads = rows.heads.tolist()
+    first = heads[0][:-1]
+    if all(head[:-1] == first for head in heads):
+        if not all(head[-1] for head in heads):  # every rank decides alike: carry only if all of them can
             return None
-        every = table[:, len(row):].view(torch.uint8)[:, :nbytes].view(subject.dtype)
-        return list(every.view((world_size,) + tuple(subject.shape)).unbind(0))
-    rows = [r[:-1] for r in heads.tolist()]
+        return every
+    rows = [head[:len(row) - 1] for head in heads]
     sites = [None] * world_size
-    _raw["all_gather_object"](sites, site, group=group)  # the slow path: we are about to fail anyway
+    _raw["all_gather_object"](sites, site or call_site(), group=group)  # the slow path: we fail anyway
     report = mismatch(operation, rows, sites)
     if _worker.emit is not None and dist.get_rank(group) == 0:
         _worker.emit(SHAPE_MISMATCH, report)
     raise DistributedOperationException(report["message"])
+
+
+def _rows(world_size: int, device) -> Rows:
+    kept = getattr(_state, "rows", None)  # this thread's rows (see agreement.Rows)
+    if kept is None:
+        kept = _state.rows = {}
+    if (world_size, device) not in kept:
+        kept[(world_size, device)] = Rows(world_size, device, CARRY_BYTES)
+    return kept[(world_size, device)]
 
 
 def _check_device(group=None):
@@ -325,12 +341,17 @@ def connect(emit, debug: bool | None = None, progress=None) -> None:
 
 def _wrapped(name: str, original, argument: str | None, rule: str):
     parameters = inspect.signature(original)
+    names = [p.name for p in parameters.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    plain = len(names) == len(parameters.parameters)  # then arguments map to names without inspect's binding
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
         if getattr(_state, "inside", False):
             return original(*args, **kwargs)
-        bound = parameters.bind_partial(*args, **kwargs).arguments
+        if plain and len(args) <= len(names) and not kwargs.keys() - names[len(args):]:
+            bound = {**dict(zip(names, args)), **kwargs}
+        else:
+            bound = parameters.bind_partial(*args, **kwargs).arguments
         group = bound.get("group")
         if group is not None and dist.distributed_c10d._rank_not_in_group(group):
             return original(*args, **kwargs)  # not a member: a no-op for this rank, in torch too
@@ -353,7 +374,7 @@ _LOCAL_REDUCTIONS = {dist.ReduceOp.SUM: lambda stacked: stacked.sum(0),
                      dist.ReduceOp.MAX: lambda stacked: stacked.amax(0),
                      dist.ReduceOp.MIN: lambda stacked: stacked.amin(0),
                      dist.ReduceOp.PRODUCT: lambda stacked: stacked.prod(0)}
-_FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single")
+_FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
 
 
 def _can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
@@ -361,17 +382,27 @@ def _can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
     ranks then go that way only if all of them can (the answer travels in the check row)."""
     if name not in _FINISHED_FROM_CARRIED or bound.get("async_op") or not isinstance(subject, torch.Tensor):
         return False
-    if subject.dtype in (torch.float16, torch.bfloat16):
-        return False  # the backend rounds at every step; summing here would round once
     world_size = dist.get_world_size(group)
-    if name == "all_reduce":
-        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS
+    if name == "all_reduce":  # (in half precision the backend rounds at every step; summing here rounds once)
+        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS and \
+            subject.dtype not in (torch.float16, torch.bfloat16)
+    if name == "broadcast":
+        return _source_index(bound, group) is not None
     if name == "all_gather":
         targets = bound.get("tensor_list") or []
         return len(targets) == world_size and all(t.shape == subject.shape and t.dtype == subject.dtype
                                                   for t in targets)
     output = bound.get("output_tensor")
     return output is not None and output.numel() == world_size * subject.numel() and output.is_contiguous()
+
+
+def _source_index(bound: dict, group) -> int | None:
+    """A broadcast's source as an index into the group's ranks (the order of the carried tensors)."""
+    if bound.get("group_src") is not None:
+        return int(bound["group_src"])
+    if bound.get("src") is None:
+        return None
+    return int(bound["src"]) if group is None else dist.get_group_rank(group, int(bound["src"]))
 
 
 def _detail(bound: dict) -> int:
@@ -386,16 +417,17 @@ def _detail(bound: dict) -> int:
     return 0
 
 
-def _finish_from_carried(name: str, bound: dict, carried: list) -> None:
+def _finish_from_carried(name: str, bound: dict, carried) -> None:
     """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
-    with torch.no_grad():
+    with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
         if name == "all_reduce":
             tensor = bound["tensor"]
-            reduced = _LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](torch.stack(carried))
-            tensor.copy_(reduced.to(tensor.dtype))
+            tensor.copy_(_LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](carried))
         elif name == "all_gather":
             for target, piece in zip(bound["tensor_list"], carried):
                 target.copy_(piece)
+        elif name == "broadcast":
+            bound["tensor"].copy_(carried[_source_index(bound, bound.get("group"))])
         else:
-            bound["output_tensor"].view(-1).copy_(torch.cat([piece.reshape(-1) for piece in carried]))
+            bound["output_tensor"].view(carried.shape).copy_(carried)
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .events import EXIT, LOG, STATUS, Event
+from .events import EXIT, LOG, STATUS, STREAM, Event
 
 STALL_BOUND_S = 2.0
 
@@ -31,8 +31,12 @@ class InOrderRelease:
         self._progress_at: dict[int, float] = {}  # set when the rank starts running its function
         self._gone: set[int] = set()
         self._first_seen: dict[int, float] = {}  # in_order id -> when its first record arrived
+        self._held = 0  # events in the queues
 
     def push(self, event: Event) -> None:
+        if not self._held and (event.kind == STREAM or event.kind == LOG and event.data.get("in_order") is None):
+            self._show(event)  # nothing held anywhere: a line goes straight on (every line of a flood)
+            return
         order = in_order_id(event)
         if order is not None:
             self._progress[event.rank] = max(self._progress.get(event.rank, 0), order)
@@ -48,6 +52,7 @@ class InOrderRelease:
         queue = self._queues.setdefault(event.rank, deque())
         if queue or order is not None:
             queue.append(event)
+            self._held += 1
         else:
             self._show(event)
         self.release()
@@ -64,8 +69,10 @@ class InOrderRelease:
             for rank in sorted(heads):
                 if heads[rank] == group:
                     queue = self._queues[rank]
+                    self._held -= 1
                     self._show(queue.popleft())
                     while queue and in_order_id(queue[0]) is None:
+                        self._held -= 1
                         self._show(queue.popleft())
 
     def _group_ready(self, group: int) -> bool:

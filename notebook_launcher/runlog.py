@@ -14,6 +14,12 @@ from .events import Event
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d+-[0-9a-f]{6}")
 KEEP_RUNS = 50
+# json's own C encoder, called directly (json.dumps makes a new encoder at every call): compact separators
+_markers: dict = {}  # (what json.dumps checks circular references with; emptied after a failed line)
+_encode = json.encoder.c_make_encoder(_markers, str, json.encoder.encode_basestring_ascii, None, ":", ",", False,
+                                      False, True) if json.encoder.c_make_encoder else json.JSONEncoder(
+    default=str, separators=(",", ":")).iterencode
+_string = json.encoder.encode_basestring_ascii
 
 
 def runs_root() -> str:
@@ -49,11 +55,14 @@ class RunLog:
         _prune(root, keep=KEEP_RUNS, current=self.run_id)
 
     def write(self, event: Event) -> None:
-        try:
-            line = json.dumps(event.to_json(), default=str)
+        try:  # the line json.dumps(event.to_json()) gives, compact, without making the dict (once per line)
+            line = (f'{{"rank":{int(event.rank)},"seq":{int(event.seq)},"time":{_number(event.time)},'
+                    f'"kind":{_string(str(event.kind))},"data":{"".join(_encode(event.data, 0))}'
+                    + (f',"attachment_bytes":{len(event.attachment)}}}\n' if event.attachment else "}\n"))
         except (TypeError, ValueError):  # data JSON cannot hold as it is (keys that are not strings, from a rank)
-            line = json.dumps(_plain(event.to_json()), default=str)
-        self._events.write(line + "\n")
+            _markers.clear()
+            line = json.dumps(_plain(event.to_json()), default=str) + "\n"
+        self._events.write(line)
         now = time.monotonic()
         if now - self._last_flush > self._FLUSH_EVERY_S:
             self._events.flush()
@@ -69,6 +78,11 @@ class RunLog:
     def close(self) -> None:
         if not self._events.closed:
             self._events.close()
+
+
+def _number(value) -> str:
+    value = float(value)
+    return repr(value) if value - value == 0 else json.dumps(value)  # NaN and infinities as json writes them
 
 
 def _plain(value):

@@ -20,7 +20,6 @@ import builtins
 import copy
 import ctypes
 import faulthandler
-import io
 import logging
 import os
 import pickle
@@ -31,85 +30,17 @@ import traceback
 
 from . import balance_meter
 from .accelerate_state import prepare_accelerate
-from .events import FAILURE, OUTPUT, RESULT, STATUS, EventWriter, WorkerSpec, write_all
+from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec
 from .logging import install_event_logging
 from .progress_record import ProgressRecord
 from .proctree import become_subreaper, end_own_descendants
+from .streams import FdTextStream, one_write_print
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _RETURNED_KEY = "notebook_launcher/returned"
 _LEFT_KEY = "notebook_launcher/left"
 _PR_SET_PDEATHSIG = 1
-_OUTPUT_EVENT_CHARS = 1 << 20  # a longer write travels as several events (the kernel joins them into lines)
-
-
-class FdTextStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of a worker: every write goes to the kernel at once, no buffer.
-
-    Text written from Python travels as ``output`` events on the rank's event channel, so prints and log
-    records keep their order; C/C++ output reaches the same place through fd 1/2. No buffer means no loss: a
-    line printed just before a SIGKILL is already in the kernel's pipe.
-    """
-
-    def __init__(self, fd: int, name: str, channel: EventWriter | None = None):
-        super().__init__()
-        self._fd = fd
-        self._name = name
-        self._channel = channel
-        self._stream = "stderr" if fd == 2 else "stdout"
-        self.buffer = _FdBinaryStream(fd)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def encoding(self) -> str:
-        return "utf-8"
-
-    @property
-    def errors(self) -> str:
-        return "backslashreplace"
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if self._channel is not None:
-            for start in range(0, len(text), _OUTPUT_EVENT_CHARS):  # one event for any ordinary write
-                self._channel.emit(OUTPUT, {"stream": self._stream, "text": text[start:start + _OUTPUT_EVENT_CHARS]})
-        else:
-            write_all(self._fd, text.encode("utf-8", "backslashreplace"))
-        return len(text)
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def isatty(self) -> bool:
-        return False
-
-    def flush(self) -> None:
-        pass
-
-
-class _FdBinaryStream(io.RawIOBase):
-    def __init__(self, fd: int):
-        super().__init__()
-        self._fd = fd
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        write_all(self._fd, data)
-        return len(data)
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
 
 
 def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None:
@@ -300,6 +231,7 @@ def _capture_streams(spec: WorkerSpec, events: EventWriter) -> tuple:
     sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>", events)
     sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the worker
     builtins.input = _no_input  # ipykernel's input() would ask the notebook over its sockets and never return
+    builtins.print = one_write_print(builtins.print)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)

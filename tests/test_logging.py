@@ -120,6 +120,7 @@ def test_records_carry_the_users_call_site():
 
 def test_logging_after_an_exception_and_before_a_sigkill_arrives():
     def log_then_die():
+        only_our_handler()  # (the records without an exception take the shorter way, as in a notebook)
         logger = get_logger("dying", log_level="INFO")
         rank = int(os.environ["RANK"])
         try:
@@ -190,3 +191,56 @@ def test_a_wrong_accelerate_log_level_is_named(monkeypatch):
     monkeypatch.setenv("ACCELERATE_LOG_LEVEL", "loud")
     with pytest.raises(ValueError, match="ACCELERATE_LOG_LEVEL is 'loud', which is not a logging level"):
         get_logger("badlevel")
+
+
+def only_our_handler():
+    """In a worker forked from pytest, the root logger also has pytest's capture handlers; a notebook's has none."""
+    root = logging.getLogger()
+    root.handlers = [handler for handler in root.handlers if type(handler).__name__ == "EventLogHandler"]
+
+
+def handlers_and_filters(path):
+    import sys
+
+    from notebook_launcher import logging as nl_logging
+
+    only_our_handler()
+    logger = get_logger("configured", log_level="INFO")
+    shortcut = [nl_logging._only_event_handler(logger.logger)]
+    logger.info("plain", main_process_only=False)
+    logger.logger.addFilter(lambda record: "secret" not in str(record.msg))
+    shortcut.append(nl_logging._only_event_handler(logger.logger))
+    logger.info("a secret", main_process_only=False)
+    logger.info("after the filter", main_process_only=False)
+    own = logging.FileHandler(f"{path}.{os.environ['RANK']}")
+    logger.logger.addHandler(own)
+    logger.info("to both", main_process_only=False)
+    logger.logger.removeHandler(own)
+    own.close()
+    logger.logger.filters.clear()
+    shortcut.append(nl_logging._only_event_handler(logger.logger))
+    logger.info("%s again", "plain", main_process_only=False)
+    logger.warning_once("once", main_process_only=False)
+    print("a", 2, None, sep="-", end="!\n")
+    print("to stderr", file=sys.stderr)
+    print("one", end="")
+    print(" line")
+    return shortcut
+
+
+def test_handlers_and_filters_the_user_adds_in_a_worker_are_honoured(tmp_path):
+    """A record only our handler would see takes a shorter way than logging's; what the user configures applies."""
+    notebook_launcher(handlers_and_filters, args=(str(tmp_path / "own.log"),), num_processes=2, device="cpu")
+    source_lines = open(__file__).read().splitlines()
+    for rank in (0, 1):
+        assert last_run().results[rank] == [True, False, True]
+        records = [e.data for e in last_run().events if e.kind == "log" and e.rank == rank]
+        assert [r["message"] for r in records] == ["plain", "after the filter", "to both", "plain again", "once"]
+        assert {(r["file"], r["function"], r["logger"], r["level"]) for r in records} == {
+            (__file__, "handlers_and_filters", "configured", level) for level in ("INFO", "WARNING")}
+        for record in records:  # each one's own line, whichever way it went
+            line = source_lines[record["line"] - 1]
+            assert "logger." in line and record["message"].split()[-1] in line
+        assert open(tmp_path / f"own.log.{rank}").read() == "to both\n"
+        assert last_run().output(rank=rank, stream="stdout")[-2:] == ["a-2-None!", "one line"]
+        assert "to stderr" in last_run().output(rank=rank, stream="stderr")

@@ -363,3 +363,39 @@ def test_a_long_run_reaching_its_timeout_is_not_called_a_divergence():
     message = str(caught.value)
     assert message.startswith("The run did not finish within timeout=2 s, so every rank was stopped.\n\nrank 0:")
     assert "diverged" not in message and "stopped making progress" not in message
+
+
+def carried_in_every_form():
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    results = {}
+    for dtype in (torch.float32, torch.float64, torch.int8, torch.int64, torch.bool, torch.complex128):
+        tensor = (torch.arange(6) + rank).to(dtype).reshape(2, 3)
+        results[f"gather {dtype}"] = ops.gather(tensor)
+        summed = tensor.clone()
+        if dtype is not torch.bool:
+            dist.all_reduce(summed)
+        results[f"all_reduce {dtype}"] = summed
+    results["0-dim"] = ops.gather(torch.tensor(rank + 0.5))
+    results["empty"] = ops.gather(torch.empty(0, 4))
+    results["strided"] = ops.gather(torch.arange(10.0)[::3] + rank)
+    first = ops.gather(torch.full((3,), float(rank)))
+    ops.gather(torch.full((3,), 100.0))  # the next check reuses its rows: the first result must stay as it was
+    results["kept"] = first
+    output = torch.empty(2 * 4, dtype=torch.float64)
+    dist.all_gather_into_tensor(output, torch.full((4,), rank + 0.25, dtype=torch.float64))
+    results["into_tensor"] = output
+    results["ops.broadcast"] = ops.broadcast(torch.arange(4.0) * (rank + 1), from_process=1)
+    raw = torch.full((2, 2), rank, dtype=torch.int32)
+    dist.broadcast(raw, src=1)
+    results["broadcast"] = raw
+    return {name: value.tolist() for name, value in results.items()}
+
+
+def test_small_tensors_that_travel_with_the_check_come_back_exactly_as_without_it():
+    notebook_launcher(carried_in_every_form, num_processes=2, device="cpu", debug=False)
+    expected = last_run().results
+    notebook_launcher(carried_in_every_form, num_processes=2, device="cpu", debug=True)
+    assert last_run().results == expected
+    assert expected[0]["kept"] == [0.0] * 3 + [1.0] * 3 and expected[0]["0-dim"] == [0.5, 1.5]

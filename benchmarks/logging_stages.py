@@ -1,0 +1,150 @@
+"""Where the time of one log line goes, stage by stage, in this one process (no launch, no pipe reader).
+
+Run: ``.venv/bin/python benchmarks/logging_stages.py`` (about 20 s). Each stage is timed alone over 20,000 lines
+(best of 5), in µs per line: the worker's side (``logging``'s LogRecord and handler machinery, our event handler,
+the frame written to a pipe), a FileHandler's whole call for comparison, and the kernel's side (decoding the
+frames into events, the run log line, the in-order buffer, the text display, the panel's state). The kernel's
+stages add up to what one line costs the launching process; ``logging_throughput.py`` measures the whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import logging
+import os
+import sys
+import tempfile
+from timeit import repeat
+
+from common import HERE, write_json
+
+from notebook_launcher import logging as nl_logging
+from notebook_launcher.demux import RankDemux
+from notebook_launcher.display.state import RunState
+from notebook_launcher.display.text import TextDisplay
+from notebook_launcher.events import LOG, OUTPUT, EventWriter, encode_frame
+from notebook_launcher.ordering import InOrderRelease
+from notebook_launcher.runlog import RunLog
+
+N = 20_000
+RESULTS = os.path.join(HERE, "results", "logging_stages.json")
+
+
+def per_line(function, lines: int = N) -> float:
+    return min(repeat(function, number=1, repeat=5)) / lines * 1e6
+
+
+def worker_side(directory: str) -> dict:
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    fcntl.fcntl(write, 1031, 1 << 20)  # F_SETPIPE_SZ, as a rank's pipe: a block of calls fits, drained after it
+
+    def drain():
+        with contextlib.suppress(BlockingIOError):
+            while os.read(read, 1 << 20):
+                pass
+
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers[:] = []
+    writer = EventWriter(write, 0)
+    nl_logging.install_event_logging(writer, [])
+    os.environ["RANK"] = "0"
+    logger = nl_logging.get_logger("bench", log_level="INFO")
+    plain = logging.getLogger("bench.plain")
+    record = plain.makeRecord("bench", logging.INFO, __file__, 1, "line %d of rank %d", (1, 0), None, "f")
+    handler = root.handlers[-1]
+    data = {"level": "INFO", "levelno": 20, "logger": "bench", "message": "line 1 of rank 0", "file": __file__,
+            "line": 1, "function": "f", "created": 0.0}
+
+    def calls(call, lines=1000):
+        def run():
+            for i in range(lines):
+                call(i)
+            drain()
+        return per_line(run, lines)
+
+    file_logger = logging.getLogger("bench.file")
+    file_logger.propagate = False
+    file_handler = logging.FileHandler(os.path.join(directory, "file.log"))
+    file_handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    file_logger.addHandler(file_handler)
+    file_logger.setLevel(logging.INFO)
+    stdout = sys.stdout
+    try:
+        try:
+            from notebook_launcher.streams import FdTextStream, one_write_print
+        except ImportError:  # (an older checkout: the streams were in worker.py, print was Python's)
+            from notebook_launcher.worker import FdTextStream
+
+            def one_write_print(original):
+                return original
+        sys.stdout = stream = FdTextStream(write, "<stdout>", writer)
+        printer = one_write_print(print)
+        return {
+            "get_logger(...).info, whole call": calls(lambda i: logger.info("line %d of rank %d", i, 0,
+                                                                             main_process_only=False)),
+            "  LogRecord (makeRecord)": per_line(lambda: [plain.makeRecord(
+                "bench", logging.INFO, __file__, 1, "line %d of rank %d", (i, 0), None, "f") for i in range(N)]),
+            "  our handler's emit of a LogRecord (frame + write)": calls(lambda i: handler.emit(record)),
+            "  frame encoding (encode_frame)": per_line(lambda: [encode_frame(0, i, LOG, data) for i in range(N)]),
+            "  the frame's os.write to a pipe": calls(lambda i, frame=encode_frame(0, 1, LOG, data):
+                                                     os.write(write, frame)),
+            "print(...), whole call": calls(lambda i: printer("line %d of rank %d" % (i, 0))),
+            "  sys.stdout.write, one event": calls(lambda i: stream.write("line 1 of rank 0\n")),
+            "FileHandler, whole call (same message and format)": calls(lambda i: file_logger.info(
+                "line %d of rank %d", i, 0)),
+        }
+    finally:
+        sys.stdout = stdout
+        root.handlers[:] = saved
+        file_handler.close()
+        os.close(read)
+        os.close(write)
+
+
+def kernel_side(directory: str) -> dict:
+    data = {"level": "INFO", "levelno": 20, "logger": "bench", "message": "", "file": __file__, "line": 1,
+            "function": "log_lines", "created": 0.0}
+    frames = b"".join(encode_frame(0, i, LOG, {**data, "message": f"line {i} of rank 0"}) for i in range(N))
+    prints = b"".join(encode_frame(0, i, OUTPUT, {"stream": "stdout", "text": f"line {i} of rank 0\n"})
+                      for i in range(N))
+    events = list(RankDemux(0).feed("events", frames))
+    run_log = RunLog(os.path.join(directory, "runs"))
+    text = TextDisplay("[rank ${rank}] ")
+    order = InOrderRelease([0, 1], lambda event: None)
+    state = RunState("bench", directory, "cpu", "gloo", "fork", 2, 2, range(2))
+    sink = io.StringIO()
+
+    def show():
+        with contextlib.redirect_stdout(sink):
+            for event in events:
+                text.show(event)
+
+    try:
+        return {
+            "decode frames into log events (RankDemux.feed)": per_line(lambda: list(RankDemux(0).feed("events", frames))),
+            "decode print frames into stream events": per_line(lambda: list(RankDemux(0).feed("events", prints))),
+            "run log line (RunLog.write)": per_line(lambda: [run_log.write(event) for event in events]),
+            "in-order buffer (InOrderRelease.push)": per_line(lambda: [order.push(event) for event in events]),
+            "text display (TextDisplay.show, to a StringIO)": per_line(show),
+            "panel state (RunState.observe)": per_line(lambda: [state.observe(event) for event in events]),
+        }
+    finally:
+        run_log.close()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        results = {"worker": worker_side(directory), "kernel": kernel_side(directory)}
+    for side, stages in results.items():
+        print(f"{side} side, µs per line")
+        for name, micros in stages.items():
+            print(f"  {name:58s} {micros:6.2f}")
+    write_json(RESULTS, results)
+
+
+if __name__ == "__main__":
+    main()
