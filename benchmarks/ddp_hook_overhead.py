@@ -17,7 +17,8 @@ the main thread's CPU time per step (``time.thread_time``: less noisy than the w
 and the watch's own work measured alone in this process (no DDP, no gloo).
 
 Run: ``.venv/bin/python benchmarks/ddp_hook_overhead.py [launches] [rounds]``; writes
-benchmarks/results/ddp_hook_overhead.json. Aims: watched / plain ≤ 1.02, measured / watched ≤ 1.01.
+benchmarks/results/ddp_hook_overhead.json. Aims: watched / plain ≤ 1.02, measured / watched ≤ 1.01, judged on
+the main thread's CPU time (the wall clock's A/A pair moves by several percent on a shared machine).
 """
 
 from __future__ import annotations
@@ -157,11 +158,16 @@ def main() -> None:
     alone = mechanism_alone()
     print(f"  alone (no DDP, no gloo): the watch {alone['watch']:.1f} µs per step, the meter "
           f"{alone['meter']:.1f} µs per step")
-    watched = statistics.median(ratios["wall"]["watched"])
-    measured = statistics.median(measured_over_watched["wall"])
-    print(f"aim: watched / plain <= 1.02: {'met' if watched <= 1.02 else 'NOT met'} ({watched:.3f}x); "
-          f"measured / watched <= 1.01: {'met' if measured <= 1.01 else 'NOT met'} ({measured:.3f}x); "
-          f"A/A {statistics.median(ratios['wall']['plain again']):.3f}x")
+    # the verdicts read the main thread's CPU time: what the watch and the meter add is Python work on that
+    # thread (no waiting), and its A/A pair stays within 1 %, where the wall clock's moves by several percent
+    watched = statistics.median(ratios["cpu"]["watched"])
+    measured = statistics.median(measured_over_watched["cpu"])
+    print(f"aim (CPU time): watched / plain <= 1.02: {'met' if watched <= 1.02 else 'NOT met'} ({watched:.3f}x); "
+          f"measured / watched <= 1.01: {'met' if measured <= 1.01 else 'NOT met'} ({measured:.3f}x); A/A "
+          f"{statistics.median(ratios['cpu']['plain again']):.3f}x (wall clock: watched "
+          f"{statistics.median(ratios['wall']['watched']):.3f}x, measured / watched "
+          f"{statistics.median(measured_over_watched['wall']):.3f}x, A/A "
+          f"{statistics.median(ratios['wall']['plain again']):.3f}x)")
     write_json(RESULTS, {"ratios": ratios, "measured_over_watched": measured_over_watched,
                          "median_us": medians, "alone_us": alone, "launches": launches, "rounds": rounds,
                          "load": [load_before, os.getloadavg()[0]]})
