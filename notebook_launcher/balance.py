@@ -30,9 +30,14 @@ class BalanceBook:
 
     def __init__(self):
         self.ranks: dict[int, dict] = {}
+        self._made: Balance | None = None  # balance() of the figures as they are (None: made anew on demand)
 
     def clear(self) -> None:
         self.ranks.clear()  # a new attempt: the figures of the last one are not this one's
+        self._made = None
+
+    def all_final(self) -> bool:
+        return bool(self.ranks) and all(entry["final"] for entry in self.ranks.values())
 
     def observe(self, rank: int, kind: str, data) -> bool:
         """Take a rank's ``balance`` event; True if it changed the figures."""
@@ -53,6 +58,7 @@ class BalanceBook:
                 if at is not None and so_far is not None:
                     entry["steps"].append((step, at, so_far))
         del entry["steps"][:-KEEP_STEPS]
+        self._made = None
         entry.update(elapsed=elapsed, waited=min(waited, elapsed), final=data.get("final") is True,
                      peak_rss=_number(data.get("peak_rss")))
         cuda = data.get("cuda")
@@ -61,7 +67,10 @@ class BalanceBook:
         return True
 
     def balance(self) -> Balance:
-        return balance_of(self.ranks)
+        """The Balance of the figures as they are (made once per change: 0.1-0.2 s at 64 ranks of 4096 steps)."""
+        if self._made is None:
+            self._made = balance_of(self.ranks)
+        return self._made
 
 
 @dataclasses.dataclass

@@ -44,10 +44,16 @@ class BalanceMeter:
         self.started = time.monotonic()
         self.steps: list = []  # [step, seconds since started, seconds waited so far], not sent yet
         self.step_source: str | None = None
+        self.step_owner: object = None  # the DDP model whose backward ends a step
         progress.on_due = self.send
         progress.due = self.started + INTERVAL_S
 
-    def step_done(self, source: str, step: int | None) -> None:
+    def step_done(self, source: str, step: int | None, owner: object = None) -> None:
+        if owner is not None:
+            if self.step_owner is None:
+                self.step_owner = owner
+            elif owner is not self.step_owner:
+                return  # a second DDP model in the rank (a GAN's two): the first one's backward is the step
         if source != self.step_source:
             if self.step_source == DDP_STEPS:
                 return  # report(step=...) beside a DDP model: DDP's backward is the step
@@ -69,8 +75,9 @@ class BalanceMeter:
 
 
 def memory_peaks() -> dict:
-    """``peak_rss``: the rank's peak resident set in bytes (``ru_maxrss``: after a fork, the rank's own, not
-    the kernel's); ``cuda``: the CUDA allocator's peaks on the rank's device and the device's memory, or None."""
+    """``peak_rss``: the rank's peak resident set in bytes (``ru_maxrss``; after a fork it includes the pages the
+    rank still shares with the kernel, alike on every rank); ``cuda``: the CUDA allocator's peaks on the rank's
+    device and the device's memory, or None."""
     unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
     peaks = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit, "cuda": None}
     torch = sys.modules.get("torch")
@@ -88,10 +95,11 @@ def connect(emit, progress) -> None:
     _meter = BalanceMeter(emit, progress if progress is not None else _NoRecord())
 
 
-def step_done(source: str, step: int | None = None) -> None:
-    """A step of this rank ended (``source``: ``DDP_STEPS`` or ``REPORTED_STEPS``); nothing outside a launch."""
+def step_done(source: str, step: int | None = None, owner: object = None) -> None:
+    """A step of this rank ended (``source``: ``DDP_STEPS`` or ``REPORTED_STEPS``; ``owner``: the DDP model's
+    watch); nothing outside a launch."""
     if _meter is not None:
-        _meter.step_done(source, step)
+        _meter.step_done(source, step, owner)
 
 
 def finish() -> None:
@@ -102,5 +110,5 @@ def finish() -> None:
         meter.progress.on_due, meter.progress.due = None, float("inf")
         try:
             meter.send(final=True)
-        except OSError:
-            pass  # the kernel is gone: nobody to tell, and the function's own outcome must not be hidden
+        except Exception:  # noqa: BLE001 - the kernel gone, a device error: the function's own outcome comes first
+            pass

@@ -11,8 +11,9 @@ DDP computes or how:
   thread, as on CUDA, the line of the model's forward). Two callbacks queued on the autograd engine mark the
   end: the second runs after DDP's own ``finalize_backward``, which waits for every bucket's all_reduce, and
   records the leave and ``progressed_at``. The time between the two is what the rank waited for the others
-  (``ProgressRecord.waited``, for the run's balance), and the second ends the rank's step for
-  ``balance_meter``. So a rank is "inside" from the start of its backward through the
+  (``ProgressRecord.waited``, for the run's balance; on CUDA, where DDP's wait only queues the all_reduce, the
+  time between two CUDA events recorded there, read once the GPU has passed them), and the second ends the
+  rank's step for ``balance_meter`` (the first DDP model's, when a rank trains several). So a rank is "inside" from the start of its backward through the
   model until DDP has all the averaged gradients; blocked there, the record says so. ``step`` counts the
   model's synchronized backward passes (1 for the first; ``no_sync()`` passes do not count).
 - **A comm hook** (``model.register_comm_hook``, built-in hooks, ``mixed_precision``): DDP calls it as it
@@ -97,13 +98,17 @@ def disconnect() -> None:
 class _Watch:
     """One DDP model's side of the record: its step, and whether a synchronized backward is to come."""
 
-    __slots__ = ("step", "armed", "open", "forward_site", "reducing_since")
+    __slots__ = ("step", "armed", "open", "forward_site", "reducing_since", "on_cuda", "gpu_waits")
 
     def __init__(self, model):
         self.step = 0
         self.armed = False  # a forward that will synchronize gradients ran; its backward has not started
         self.open = False  # its backward started and has not ended (a backward that raised never ends)
         self.reducing_since = 0.0  # when the backward's own computation ended and DDP's wait began
+        self.on_cuda = any(p.device.type == "cuda" for p in model.parameters())
+        # on CUDA, DDP's wait returns once the all_reduce is queued: the GPU's own clock times the wait, between
+        # two events on the stream that waits for it (pairs not yet completed, oldest first)
+        self.gpu_waits: list = []
         # backward runs on the calling thread for CPU models, where its frames name the user's line
         self.forward_site = "?" if any(p.device.type != "cpu" for p in model.parameters()) else ""
 
@@ -135,13 +140,35 @@ class _Watch:
 
     def after_ddp_queued(self) -> None:
         self.reducing_since = time.monotonic()
+        if self.on_cuda:
+            self.gpu_waits.append([_cuda_event(), None])
         _engine.queue_callback(self.finish)  # ...so this one runs after it: every bucket is reduced then
 
     def finish(self) -> None:
         self.open = False
         since, self.reducing_since = self.reducing_since, 0.0
-        _progress.leave(time.monotonic() - since if since else 0.0)
-        balance_meter.step_done(balance_meter.DDP_STEPS, self.step)
+        if self.on_cuda:
+            if self.gpu_waits and self.gpu_waits[-1][1] is None:
+                self.gpu_waits[-1][1] = _cuda_event()
+            _progress.leave(self.gpu_seconds_waited())
+        else:
+            _progress.leave(time.monotonic() - since if since else 0.0)
+        balance_meter.step_done(balance_meter.DDP_STEPS, self.step, owner=self)
+
+    def gpu_seconds_waited(self) -> float:
+        """The GPU waits that have completed since the last call (the newest may complete a step later)."""
+        waited = 0.0
+        while self.gpu_waits and self.gpu_waits[0][1] is not None and self.gpu_waits[0][1].query():
+            start, end = self.gpu_waits.pop(0)
+            waited += start.elapsed_time(end) / 1000.0
+        del self.gpu_waits[:-64]  # never completed (a device error): not kept forever
+        return waited
+
+
+def _cuda_event():
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def _init(self, *args, **kwargs):

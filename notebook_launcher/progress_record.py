@@ -65,7 +65,10 @@ class ProgressRecord:
         self.waited += now - self._entered if waited is None else waited
         if now >= self.due:
             self.due = float("inf")
-            self.on_due()
+            try:
+                self.on_due()
+            except Exception:  # noqa: BLE001 - a report that failed must not fail the collective it rode on
+                pass
 
     def read(self) -> dict:
         """``sequence``, ``since``, ``inside``, ``operation``, ``call_site``, ``step``, ``progressed_at``."""

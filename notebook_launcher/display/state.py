@@ -253,7 +253,7 @@ class RunState:
     def _on_balance(self, event: Event) -> None:
         if self._balance_book.observe(event.rank, event.kind, event.data):
             now = time.monotonic()
-            if now >= self._balance_due or event.data.get("final") is True:
+            if now >= self._balance_due or self._balance_book.all_final():  # (finish() makes it too)
                 self._refresh_balance(now)
 
     def _refresh_balance(self, now: float) -> None:
