@@ -188,6 +188,7 @@ class PanelDisplay(FinishingDisplay):
         self.state.finish(status, **details)
         channel = self.channel()
         run_id = self.state.header["run_id"]
+        live: list = []
         if channel is not None:
             live, joining = channel.listeners(run_id)
             if live:
@@ -199,7 +200,7 @@ class PanelDisplay(FinishingDisplay):
         if channel is not None:
             final = self._full_message(ended=True, bundle=self.last_bundle)
             comms = channel.end(run_id, final)
-            self._send([comm for comm in comms if comm in joining], final)
+            self._send([comm for comm in comms if comm not in live], final)  # (joined until now: the end state)
             for comm in comms:
                 try:
                     comm.close()
