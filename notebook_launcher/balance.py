@@ -13,7 +13,7 @@ import statistics
 
 from .events import BALANCE
 
-KEEP_STEPS = 4096  # step records kept per rank (the newest)
+KEEP_STEPS = 1024  # step records kept per rank (the newest): about 100 KB a rank
 STRAGGLER_GAP = 0.20  # the others wait at least this much more of their time than the straggler
 MOST_STEPS = 2 / 3  # ...and, where steps are known, it waits least in at least this share of them
 MIN_STEPS = 5
@@ -67,7 +67,7 @@ class BalanceBook:
         return True
 
     def balance(self) -> Balance:
-        """The Balance of the figures as they are (made once per change: 0.1-0.2 s at 64 ranks of 4096 steps)."""
+        """The Balance of the figures as they are (made once per change: about 0.04 s at 64 ranks of 1024 steps)."""
         if self._made is None:
             self._made = balance_of(self.ranks)
         return self._made
@@ -86,7 +86,7 @@ class Balance:
     - ``wait_share``: {rank: share of the function's time spent inside collectives}: waiting for the others,
       communication included (for DDP, only the wait of its backward for the gradient all_reduce).
     - ``step_time``: {rank: median seconds per step} for ranks whose steps are known (DDP's synchronized
-      backward passes, else ``report(step=...)``; the newest 4096).
+      backward passes, else ``report(step=...)``; the newest 1024).
     - ``peak_memory``: {rank: bytes}: the CUDA allocator's peak on the rank's GPU, else its peak resident set.
     - ``device_memory``: {rank: bytes of the rank's GPU, or None on CPU}.
     - ``memory``: {rank: {"peak_rss", "peak_allocated", "peak_reserved", "total"}} as measured.
