@@ -11,8 +11,6 @@ import dataclasses
 import math
 import statistics
 
-from .events import BALANCE
-
 KEEP_STEPS = 1024  # step records kept per rank (the newest): about 100 KB a rank
 STRAGGLER_GAP = 0.20  # the others wait at least this much more of their time than the straggler
 MOST_STEPS = 2 / 3  # ...and, where steps are known, it waits least in at least this share of them
@@ -39,9 +37,9 @@ class BalanceBook:
     def all_final(self) -> bool:
         return bool(self.ranks) and all(entry["final"] for entry in self.ranks.values())
 
-    def observe(self, rank: int, kind: str, data) -> bool:
-        """Take a rank's ``balance`` event; True if it changed the figures."""
-        if kind != BALANCE or not isinstance(data, dict) or not isinstance(rank, int):
+    def observe(self, rank: int, data) -> bool:
+        """Take the data of a rank's ``balance`` event; True if it changed the figures."""
+        if not isinstance(data, dict) or not isinstance(rank, int):
             return False
         elapsed, waited = _number(data.get("elapsed")), _number(data.get("waited"))
         if elapsed is None or waited is None:

@@ -14,11 +14,10 @@ the record's own sum.
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 
 from .events import BALANCE
+from .memory import peak_memory_figures
 
 INTERVAL_S = 10.0
 MAX_STEPS = 2048  # step records in one event (a small DDP model on CPU makes ~300 steps a second)
@@ -68,25 +67,10 @@ class BalanceMeter:
     def send(self, final: bool = False) -> None:
         now = time.monotonic()
         data = {"elapsed": now - self.started, "waited": self.progress.waited, "steps": self.steps,
-                "step_source": self.step_source, "final": final, **memory_peaks()}
+                "step_source": self.step_source, "final": final, **peak_memory_figures()}
         self.steps = []
         self.progress.due = now + INTERVAL_S
         self.emit(BALANCE, data)
-
-
-def memory_peaks() -> dict:
-    """``peak_rss``: the rank's peak resident set in bytes (``ru_maxrss``; after a fork it includes the pages the
-    rank still shares with the kernel, alike on every rank); ``cuda``: the CUDA allocator's peaks on the rank's
-    device and the device's memory, or None."""
-    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
-    peaks = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit, "cuda": None}
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
-        peaks["cuda"] = {"peak_allocated": int(torch.cuda.max_memory_allocated(device)),
-                         "peak_reserved": int(torch.cuda.max_memory_reserved(device)),
-                         "total": int(torch.cuda.get_device_properties(device).total_memory)}
-    return peaks
 
 
 def connect(emit, progress) -> None:

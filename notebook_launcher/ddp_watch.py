@@ -13,8 +13,8 @@ DDP computes or how:
   records the leave and ``progressed_at``. The time between the two is what the rank waited for the others
   (``ProgressRecord.waited``, for the run's balance; on CUDA, where DDP's wait only queues the all_reduce, the
   time between two CUDA events recorded there, read once the GPU has passed them), and the second ends the
-  rank's step for ``balance_meter`` (the first DDP model's, when a rank trains several). So a rank is "inside" from the start of its backward through the
-  model until DDP has all the averaged gradients; blocked there, the record says so. ``step`` counts the
+  rank's step for ``balance_meter`` (the first DDP model's, when a rank trains several). So a rank is "inside"
+  from the start of its backward through the model until DDP has all the averaged gradients; blocked there, the record says so. ``step`` counts the
   model's synchronized backward passes (1 for the first; ``no_sync()`` passes do not count).
 - **A comm hook** (``model.register_comm_hook``, built-in hooks, ``mixed_precision``): DDP calls it as it
   would and uses its result; the record covers the backward around it. A Python hook is registered wrapped
@@ -177,18 +177,17 @@ def _init(self, *args, **kwargs):
         self.__dict__[_ATTRIBUTE] = _Watch(self)
 
 
-def _verify_param_shapes(*args, **kwargs):
-    if _progress is None:
-        return _originals["_verify_param_shape_across_processes"](*args, **kwargs)
-    with _Inside(PARAMETERS, 0):
-        return _originals["_verify_param_shape_across_processes"](*args, **kwargs)
+def _construction_collective(name: str):
+    """DDP's construction calls these two collectives (``torch.distributed.utils``) by their names in its module:
+    each is recorded as the parameter broadcast, the rest of the construction as the rank's own work."""
 
+    def collective(*args, **kwargs):
+        if _progress is None:
+            return _originals[name](*args, **kwargs)
+        with _Inside(PARAMETERS, 0):
+            return _originals[name](*args, **kwargs)
 
-def _sync_module_states(*args, **kwargs):
-    if _progress is None:
-        return _originals["_sync_module_states"](*args, **kwargs)
-    with _Inside(PARAMETERS, 0):
-        return _originals["_sync_module_states"](*args, **kwargs)
+    return collective
 
 
 def _register_comm_hook(self, state: object, hook) -> None:
@@ -250,5 +249,5 @@ class _Inside:
 _PATCHES = ((DistributedDataParallel, "__init__", _init), (DistributedDataParallel, "_post_forward", _post_forward),
             (DistributedDataParallel, "register_comm_hook", _register_comm_hook),
             (DistributedDataParallel, "_sync_buffers", _sync_buffers), (_DDPJoinHook, "main_hook", _join_main_hook),
-            (_ddp_module, "_verify_param_shape_across_processes", _verify_param_shapes),
-            (_ddp_module, "_sync_module_states", _sync_module_states))
+            *((_ddp_module, name, _construction_collective(name))
+              for name in ("_verify_param_shape_across_processes", "_sync_module_states")))

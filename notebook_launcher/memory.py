@@ -21,6 +21,7 @@ import gc
 import inspect
 import json
 import os
+import resource
 import sys
 from typing import Callable, NamedTuple
 
@@ -120,6 +121,21 @@ def memory_figures() -> dict:
         figures["cuda_reserved_bytes"] = torch.cuda.memory_reserved()
         figures["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return figures
+
+
+def peak_memory_figures() -> dict:
+    """``peak_rss``: the rank's peak resident set in bytes (``ru_maxrss``; after a fork it includes the pages the
+    rank still shares with the kernel, alike on every rank); ``cuda``: the CUDA allocator's peaks on the rank's
+    device and the device's memory, or None."""
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
+    peaks = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit, "cuda": None}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        peaks["cuda"] = {"peak_allocated": int(torch.cuda.max_memory_allocated(device)),
+                         "peak_reserved": int(torch.cuda.max_memory_reserved(device)),
+                         "total": int(torch.cuda.get_device_properties(device).total_memory)}
+    return peaks
 
 
 def find_executable_batch_size(function=None, starting_batch_size: int = 128, reduce_batch_size_fn=None):

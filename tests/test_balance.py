@@ -142,7 +142,7 @@ def _figures(rank_waits: dict, step_waits: dict | None = None, steps: int = 10) 
         for step, wait in enumerate(waits, start=1):
             so_far += wait
             records.append([step, float(step), so_far])
-        assert book.observe(rank, BALANCE, {"elapsed": float(steps), "waited": so_far, "steps": records,
+        assert book.observe(rank, {"elapsed": float(steps), "waited": so_far, "steps": records,
                                             "step_source": "report", "final": True, "peak_rss": 10**8, "cuda": None})
     return book
 
@@ -171,8 +171,8 @@ def test_the_straggler_must_wait_least_in_most_steps():
 ])
 def test_figures_of_any_form_from_a_pipe_never_raise(data):
     book = BalanceBook()
-    book.observe(0, BALANCE, data)
-    book.observe(1, BALANCE, {"elapsed": 1.0, "waited": 0.1, "steps": [], "final": True})
+    book.observe(0, data)
+    book.observe(1, {"elapsed": 1.0, "waited": 0.1, "steps": [], "final": True})
     balance = book.balance()
     assert set(balance.ranks_measured) <= {0, 1} and all(0 <= share <= 1 for share in balance.wait_share.values())
     balance.summary()

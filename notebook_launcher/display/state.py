@@ -251,7 +251,7 @@ class RunState:
         self.balance = None
 
     def _on_balance(self, event: Event) -> None:
-        if self._balance_book.observe(event.rank, event.kind, event.data):
+        if self._balance_book.observe(event.rank, event.data):
             now = time.monotonic()
             if now >= self._balance_due or self._balance_book.all_final():  # (finish() makes it too)
                 self._refresh_balance(now)

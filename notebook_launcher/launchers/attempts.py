@@ -76,7 +76,7 @@ class Attempts:
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
         elif event.kind == BALANCE:
-            run.balance_book.observe(event.rank, event.kind, event.data)
+            run.balance_book.observe(event.rank, event.data)
 
     def _receive_result(self, event: Event) -> None:
         if event.data.get("kept") is False:
