@@ -49,8 +49,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             if order is not None and _channel is not None:
                 _channel.emit(LOG, {"in_order": order, "skipped": True})  # the kernel need not wait for us
             return
-        if not kwargs and _channel is not None and type(level) is int and type(self) is MultiProcessAdapter \
-                and _only_event_handler(self.logger):
+        if not kwargs and _channel is not None and _FAST_CALLER and type(level) is int \
+                and type(self) is MultiProcessAdapter and _only_event_handler(self.logger):
             try:
                 _channel.emit(LOG, _record_data(self.logger, level, msg, args, stacklevel, order))
                 return
@@ -139,6 +139,11 @@ def _only_event_handler(logger: logging.Logger) -> bool:
         return False
     handler = _root_handlers[0]
     return not handler.filters and handler.level == logging.NOTSET and type(handler) is EventLogHandler
+
+
+# _record_data finds the caller as Python 3.11's Logger.findCaller does (3.10's counts stacklevel otherwise):
+# on older Pythons every record takes logging's own path
+_FAST_CALLER = sys.version_info >= (3, 11)
 
 
 def _record_data(logger: logging.Logger, level: int, msg, args, stacklevel: int, order) -> dict:
