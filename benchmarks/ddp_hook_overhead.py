@@ -7,11 +7,13 @@ their memory layout alone) and trains it step by step, switching between the var
 
 - ``plain``: the model's watch taken off (torch's DDP as it is, plus the one dictionary look-up of our patched
   ``_post_forward``), and ``plain again``, the same: the A/A pair, which shows the noise floor;
-- ``watched``: the record updated at every forward and backward (issue: hangs inside DDP), balance meter off;
+- ``watched``: the model armed at its forward, the record entered and left around its backward, the wait of
+  the sampled steps measured (issue: hangs inside DDP), balance meter off;
 - ``measured``: watched and measured, as in any launch.
 
-A round runs each variant once, in an order reversed every round, so drift and load hit every variant alike;
-both ranks run the same sequence, in lockstep. Per launch and rank, the ratio of each variant's median step
+A round runs each variant for a block of 50 steps, in an order shuffled every round (the same on both ranks,
+which run in lockstep), so drift and load hit every variant alike; within a block the steps are consecutive,
+as in a run, so the watch samples them at the period a run of this model gets. Per launch and rank, the ratio of each variant's median step
 time to plain's; the figures are the medians of those ratios over ranks and launches, with their range. Also
 the main thread's CPU time per step (``time.thread_time``: less noisy than the wall clock on a shared machine)
 and the watch's own work measured alone in this process (no DDP, no gloo).
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import statistics
 import sys
 import time
@@ -34,10 +37,12 @@ import torch
 from common import HERE, write_json
 
 from notebook_launcher import last_run, notebook_launcher
+from notebook_launcher.ddp_watch import MAX_PERIOD
 
 LAUNCHES = 5
-ROUNDS = 600
-WARMUP = 30  # rounds before the measured ones
+ROUNDS = 12
+BLOCK = 50  # steps of one variant in a row (the watch samples consecutive steps, as in a run)
+WARMUP = 1  # rounds before the measured ones
 WORLD = 2
 VARIANTS = ("plain", "plain again", "watched", "measured")
 RESULTS = os.path.join(HERE, "results", "ddp_hook_overhead.json")
@@ -63,30 +68,32 @@ def _steps(rounds: int) -> dict:
     attributes = model.__dict__
     times = {variant: {"wall": [], "cpu": []} for variant in VARIANTS}
     wall, cpu = time.perf_counter, time.thread_time
+    order = random.Random(0)  # the same orders on every rank
     dist.barrier()
     for index in range(WARMUP + rounds):
-        for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+        for variant in order.sample(VARIANTS, len(VARIANTS)):
             if variant.startswith("plain"):
                 attributes.pop(ddp_watch._ATTRIBUTE, None)
             else:
                 attributes[ddp_watch._ATTRIBUTE] = watch
             balance_meter._meter = meter if variant == "measured" else None
-            started, started_cpu = wall(), cpu()
-            optimizer.zero_grad()
-            model(inputs).square().mean().backward()
-            optimizer.step()
-            if index >= WARMUP:
-                times[variant]["wall"].append(wall() - started)
-                times[variant]["cpu"].append(cpu() - started_cpu)
+            for _ in range(BLOCK):
+                started, started_cpu = wall(), cpu()
+                optimizer.zero_grad()
+                model(inputs).square().mean().backward()
+                optimizer.step()
+                if index >= WARMUP:
+                    times[variant]["wall"].append(wall() - started)
+                    times[variant]["cpu"].append(cpu() - started_cpu)
     balance_meter._meter = meter
     assert ddp_watch._progress.read()["operation"] == "DDP gradient all_reduce"
-    return times
+    return {**times, "period": watch.period}
 
 
 def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
     """µs per step of the watch's and the meter's own work, without DDP or gloo: a Linear(64, 64) forward and
-    backward in this process, bare vs with what a watched DDP model adds (the output's hook, the record, the
-    two callbacks) and with the meter's step too."""
+    backward in this process, bare vs with what a watched DDP model adds (arming at the forward; the backward
+    entered and left in the record) and with the meter's step too; and a sampled step's hook and callbacks."""
     import tempfile
     import timeit
 
@@ -101,27 +108,38 @@ def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
     torch.set_num_threads(1)  # as in a worker
     with tempfile.TemporaryDirectory() as directory:
         record = ProgressRecord(os.path.join(directory, "record"), create=True)
-        ddp_watch._progress, watch, model = record, ddp_watch._Watch(layer), Model()
+        watch, model = ddp_watch._Watch(layer), Model()
 
         def bare():
             layer(inputs).sum().backward()
 
         def watched():
+            watch.period = MAX_PERIOD  # not sampled but once in 64 steps
             output = layer(inputs)
             watch.after_forward(model, output)
             output.sum().backward()
 
-        cases = (("bare", bare), ("watched", watched), ("measured", watched), ("bare again", bare))
-        best = {}
-        for name, case in cases:
-            balance_meter.connect(lambda kind, data: None, record) if name == "measured" else None
-            best[name] = min(timeit.repeat(case, number=calls, repeat=repeats)) / calls * 1e6
-            balance_meter._meter = None
-        ddp_watch._progress = None
+        def sampled():
+            watch.period = 1
+            output = layer(inputs)
+            watch.after_forward(model, output)
+            output.sum().backward()
+
+        best = {"bare": min(timeit.repeat(bare, number=calls, repeat=repeats)) / calls * 1e6}
+        ddp_watch.connect(record)
+        try:
+            for name, case in (("watched", watched), ("measured", watched), ("sampled", sampled),
+                               ("bare again", bare)):
+                balance_meter.connect(lambda kind, data: None, record) if name in ("measured", "sampled") else None
+                best[name] = min(timeit.repeat(case, number=calls, repeat=repeats)) / calls * 1e6
+                balance_meter._meter = None
+        finally:
+            ddp_watch.disconnect()
         record.close()
     torch.set_num_threads(threads)
     bare_best = min(best["bare"], best["bare again"])
-    return {**best, "watch": best["watched"] - bare_best, "meter": best["measured"] - best["watched"]}
+    return {**best, "watch": best["watched"] - bare_best, "meter": best["measured"] - best["watched"],
+            "sampled_step": best["sampled"] - best["measured"]}
 
 
 def _summary(values: list) -> str:
@@ -134,11 +152,13 @@ def main() -> None:
     os.environ.pop("NOTEBOOK_LAUNCHER_DDP_WATCH", None)
     load_before = os.getloadavg()[0]
     ratios = {clock: {variant: [] for variant in VARIANTS} for clock in ("wall", "cpu")}
+    periods = []
     medians = {clock: {variant: [] for variant in VARIANTS} for clock in ("wall", "cpu")}
     for _ in range(launches):
         with contextlib.redirect_stdout(io.StringIO()):
             notebook_launcher(_steps, args=(rounds,), num_processes=WORLD, device="cpu")
         for times in last_run().results.values():
+            periods.append(times["period"])
             for clock in ("wall", "cpu"):
                 plain = statistics.median(times["plain"][clock])
                 for variant in VARIANTS:
@@ -148,16 +168,17 @@ def main() -> None:
     measured_over_watched = {clock: [m / w for m, w in zip(ratios[clock]["measured"], ratios[clock]["watched"])]
                              for clock in ("wall", "cpu")}
     print(f"µs per step, Linear(256,256)x3, batch 32, {WORLD} CPU ranks (gloo): {launches} launches x {rounds} "
-          f"rounds, the variants alternating step by step; load {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
+          f"rounds of {BLOCK}-step blocks, the variants shuffled every round; load {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
     for clock, title in (("wall", "wall clock"), ("cpu", "main thread's CPU time")):
         print(f"  {title}:")
         for variant in VARIANTS:
             print(f"    {variant:12s} {statistics.median(medians[clock][variant]):8.1f} µs   / plain "
                   f"{_summary(ratios[clock][variant])}")
         print(f"    measured / watched   {_summary(measured_over_watched[clock])}")
+    print(f"  the watch's sampling period at the end: {sorted(periods)} steps")
     alone = mechanism_alone()
     print(f"  alone (no DDP, no gloo): the watch {alone['watch']:.1f} µs per step, the meter "
-          f"{alone['meter']:.1f} µs per step")
+          f"{alone['meter']:.1f} µs per step; a sampled step's hook and callbacks {alone['sampled_step']:.1f} µs")
     # the verdicts read the main thread's CPU time: what the watch and the meter add is Python work on that
     # thread (no waiting), and its A/A pair stays within 1 %, where the wall clock's moves by several percent
     watched = statistics.median(ratios["cpu"]["watched"])
@@ -169,7 +190,7 @@ def main() -> None:
           f"{statistics.median(measured_over_watched['wall']):.3f}x, A/A "
           f"{statistics.median(ratios['wall']['plain again']):.3f}x)")
     write_json(RESULTS, {"ratios": ratios, "measured_over_watched": measured_over_watched,
-                         "median_us": medians, "alone_us": alone, "launches": launches, "rounds": rounds,
+                         "median_us": medians, "alone_us": alone, "periods": periods, "launches": launches, "rounds": rounds,
                          "load": [load_before, os.getloadavg()[0]]})
     print(f"wrote {RESULTS}")
 

@@ -50,11 +50,13 @@ class BalanceBook:
             entry["steps"], entry["step_source"] = [], source
         steps = data.get("steps")
         for record in steps if isinstance(steps, list) else ():
-            if isinstance(record, list) and len(record) == 3:
+            if isinstance(record, list) and len(record) in (3, 4):
                 at, so_far = _number(record[1]), _number(record[2])
                 step = record[0] if isinstance(record[0], int) and not isinstance(record[0], bool) else None
+                # a DDP step's own wait in its backward (None: not sampled); 3 items: all in "so far"
+                in_backward = _number(record[3]) if len(record) == 4 else 0.0
                 if at is not None and so_far is not None:
-                    entry["steps"].append((step, at, so_far))
+                    entry["steps"].append((step, at, so_far, in_backward, len(record) == 4))
         del entry["steps"][:-KEEP_STEPS]
         self._made = None
         entry.update(elapsed=elapsed, waited=min(waited, elapsed), final=data.get("final") is True,
@@ -76,13 +78,15 @@ class Balance:
     """The run's balance, by global rank.
 
     - ``straggler``: the rank the others wait for, or None when no rank clearly is one. The rule, over the
-      steps every rank has (5 or more in common; else over the whole function): the rank that waited the
+      steps every rank has with their waits known (DDP's sampled steps, ``ddp_watch``; 5 or more in common;
+      else over the whole function): the rank that waited the
       smallest share of that time is the straggler when every other rank waited at least 20 points more of its
       own (``STRAGGLER_GAP``) and, over steps, it waited least in at least two thirds of them. (Steps leave out
       what comes before the loop, such as loading a model, which every rank waits through alike.)
     - ``step_wait_share``: {rank: share of the common steps' time spent waiting} when the rule used steps.
     - ``wait_share``: {rank: share of the function's time spent inside collectives}: waiting for the others,
-      communication included (for DDP, only the wait of its backward for the gradient all_reduce).
+      communication included (for DDP, only the wait of its backward for the gradient all_reduce, measured on
+      the sampled steps, the others counted at their mean).
     - ``step_time``: {rank: median seconds per step} for ranks whose steps are known (DDP's synchronized
       backward passes, else ``report(step=...)``; the newest 1024).
     - ``peak_memory``: {rank: bytes}: the CUDA allocator's peak on the rank's GPU, else its peak resident set.
@@ -162,7 +166,8 @@ def balance_of(ranks: dict) -> Balance:
                                                            ("peak_allocated", "peak_reserved", "total")}}
         peak_memory[rank] = cuda.get("peak_allocated") or entry["peak_rss"]
         device_memory[rank] = cuda.get("total")
-    common = set.intersection(*(set(steps) for steps in per_step.values())) if per_step else set()
+    common = set.intersection(*({step for step, (_, waited) in steps.items() if waited is not None}
+                                 for steps in per_step.values())) if per_step else set()
     step_wait_share = {}
     if len(common) >= MIN_STEPS and len(ranks) >= 2:
         for rank, steps in per_step.items():
@@ -175,11 +180,15 @@ def balance_of(ranks: dict) -> Balance:
 
 
 def _per_step(steps: list) -> dict:
-    """{step: (seconds, seconds waited)} from the cumulative records (the first kept one is the origin)."""
+    """{step: (seconds, seconds waited, or None where the step's wait was not sampled)} from the cumulative
+    records (the first kept one is the origin)."""
     durations = {}
-    for (_, at_before, waited_before), (step, at, waited) in zip(steps, steps[1:]):
-        if step is not None and at >= at_before:
-            durations[step] = (at - at_before, max(0.0, min(waited - waited_before, at - at_before)))
+    for (step_before, at_before, waited_before, _, _), (step, at, waited, in_backward, ddp) in zip(steps, steps[1:]):
+        # DDP's records are of its sampled steps and the step before each: a duration only from the one before
+        if step is not None and at >= at_before and (not ddp or step_before == step - 1):
+            duration = at - at_before
+            durations[step] = (duration, None if in_backward is None else
+                               max(0.0, min(waited - waited_before + in_backward, duration)))
     return durations
 
 

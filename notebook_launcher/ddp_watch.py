@@ -3,19 +3,26 @@
 ``torch.nn.parallel.DistributedDataParallel`` runs its collectives in C++ (the reducer's gradient all_reduce in
 backward, the buffer broadcast in forward), out of sight of the Python-level hooks of ``ops.connect``. In a
 launched worker, ``connect(progress)`` makes every DDP model made afterwards report them, without changing what
-DDP computes or how:
+DDP computes or how, and without running any Python inside the backward on most steps (a Python hook inside
+the autograd engine costs a small model several percent of its step):
 
-- **Gradients**: after a forward that will synchronize gradients, a hook on the output's gradient marks the
-  start of that backward: the record says ``"DDP gradient all_reduce"``, the model's step and the user's line
-  (the first frame outside torch and this package: their ``loss.backward()``; where backward runs on another
-  thread, as on CUDA, the line of the model's forward). Two callbacks queued on the autograd engine mark the
-  end: the second runs after DDP's own ``finalize_backward``, which waits for every bucket's all_reduce, and
-  records the leave and ``progressed_at``. The time between the two is what the rank waited for the others
-  (``ProgressRecord.waited``, for the run's balance; on CUDA, where DDP's wait only queues the all_reduce, the
-  time between two CUDA events recorded there, read once the GPU has passed them), and the second ends the
-  rank's step for ``balance_meter`` (the first DDP model's, when a rank trains several). So a rank is "inside"
-  from the start of its backward through the model until DDP has all the averaged gradients; blocked there, the record says so. ``step`` counts the
-  model's synchronized backward passes (1 for the first; ``no_sync()`` passes do not count).
+- **Gradients**: a forward that will synchronize gradients arms the model; the next backward (torch's one
+  entry to the autograd engine, ``torch.autograd.graph._engine_run_backward``, wrapped from Python, outside
+  the engine) is its step: the record says ``"DDP gradient all_reduce"``, the model's step and the user's line
+  (their ``loss.backward()``) from the moment the backward starts until it returns, which is after DDP's own
+  ``finalize_backward`` has waited for every bucket's all_reduce (its leave is ``progressed_at``). So a rank
+  is "inside" from the start of its backward through the model until DDP has all the averaged gradients;
+  blocked there, the record says so. ``step`` counts the model's synchronized backward passes (1 for the
+  first; ``no_sync()`` passes do not count).
+- **The wait, sampled**: how much of a step's backward was waiting for the others (for the run's balance) is
+  measured on sampled steps only, with a hook on the forward's output and two callbacks queued on the autograd
+  engine: the second runs after DDP's ``finalize_backward``, and the time between the two is the wait (on
+  CUDA, where DDP's wait only queues the all_reduce, the time between two CUDA events recorded there, read
+  once the GPU has passed them). A step is sampled when its number is a multiple of the model's period, a
+  power of two (1 to 64) chosen from the rank's step time so that the hooks cost under 0.25% of it (1 while
+  steps take 40 ms or more); powers of two nest, so ranks whose periods differ still share every step that
+  the longest period samples. The backward's end ends the rank's step for ``balance_meter`` (the first DDP
+  model's, when a rank trains several).
 - **A comm hook** (``model.register_comm_hook``, built-in hooks, ``mixed_precision``): DDP calls it as it
   would and uses its result; the record covers the backward around it. A Python hook is registered wrapped
   in a function of the same name and signature that marks the raw collectives it calls (such as
@@ -33,12 +40,11 @@ DDP computes or how:
 - **Uneven inputs**: a rank that has joined (``with model.join():``) and shadows the others' collectives is
   in ``"DDP join"`` while it does.
 
-Limits: the backward is seen when the loss depends on a tensor the model returns directly or in a tuple, list
-or dict (``ModelOutput`` included), one level deep; "inside" covers the backward's own computation through the
-model too (the record cannot tell it from the wait); a backward that raised is closed at the model's next
-forward. The raw torch.distributed collectives DDP runs from Python inside these are not recorded or checked
-again by ``ops``. ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP
-untouched.
+Limits: the first backward after a synchronizing forward is taken for that model's (a ``torch.autograd.grad``
+between the two, such as a gradient penalty, is counted instead of the step's own backward); "inside" covers
+the backward's own computation through the model too (the record cannot tell it from the wait). The raw
+torch.distributed collectives DDP runs from Python inside these are not recorded or checked again by ``ops``.
+``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP untouched.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import os
 import time
 
 import torch
+import torch.autograd
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel import distributed as _ddp_module
@@ -55,17 +62,23 @@ from torch.nn.parallel.distributed import _DDPJoinHook
 
 from . import balance_meter
 from .ops import call_site, set_inside
+from .progress_record import DDP_GRADIENTS
 
 ENV_VAR = "NOTEBOOK_LAUNCHER_DDP_WATCH"
-GRADIENTS = "DDP gradient all_reduce"
+GRADIENTS = DDP_GRADIENTS
 BUFFERS = "DDP buffer broadcast"
 PARAMETERS = "DDP parameter broadcast"
 JOIN = "DDP join"
+HOOK_COST_S = 100e-6  # what a sampled step's hook and callbacks cost at most (about 50 µs on this CPU)
+HOOK_SHARE = 0.0025  # ...as a share of the step at most, which sets the sampling period
+MAX_PERIOD = 64
 _ATTRIBUTE = "_notebook_launcher_watch"
+_BACKWARD = "_engine_run_backward"
 _OFF_VALUES = ("0", "false", "no", "off", "n", "f")
 _engine = torch.autograd.Variable._execution_engine
 _originals: dict = {}
 _progress = None  # the rank's ProgressRecord, set by connect()
+_armed: list = []  # the watches whose synchronizing forward ran and whose backward has not started
 
 
 def enabled() -> bool:
@@ -93,82 +106,116 @@ def disconnect() -> None:
         if name in _originals:
             setattr(owner, name, _originals.pop(name))
     _progress = None
+    _armed.clear()
 
 
 class _Watch:
-    """One DDP model's side of the record: its step, and whether a synchronized backward is to come."""
+    """One DDP model's side of the record: its step, its sampling period, the wait of its sampled steps."""
 
-    __slots__ = ("step", "armed", "open", "forward_site", "reducing_since", "on_cuda", "gpu_waits")
+    __slots__ = ("step", "period", "step_time", "ended_at", "sampled", "hooked", "reducing_since", "wait",
+                 "on_cuda", "gpu_waits")
 
     def __init__(self, model):
         self.step = 0
-        self.armed = False  # a forward that will synchronize gradients ran; its backward has not started
-        self.open = False  # its backward started and has not ended (a backward that raised never ends)
+        self.period = 1  # steps sampled: the multiples of this (1 until the step time is known)
+        self.step_time = 0.0  # seconds per step, smoothed over the sampled steps
+        self.ended_at = 0.0  # when the backward of the step before a sampled one returned
+        self.sampled = False  # the step to come is sampled (its forward hooked its output)
+        self.hooked = False  # ...and its backward has not reached the hook yet
         self.reducing_since = 0.0  # when the backward's own computation ended and DDP's wait began
+        self.wait: float | None = None  # the sampled step's wait, once its second callback ran (CPU)
         self.on_cuda = any(p.device.type == "cuda" for p in model.parameters())
         # on CUDA, DDP's wait returns once the all_reduce is queued: the GPU's own clock times the wait, between
-        # two events on the stream that waits for it (pairs not yet completed, oldest first)
+        # two events on the stream that waits for it ([start, end, the step's balance record], oldest first)
         self.gpu_waits: list = []
-        # backward runs on the calling thread for CPU models, where its frames name the user's line
-        self.forward_site = "?" if any(p.device.type != "cpu" for p in model.parameters()) else ""
 
     def after_forward(self, model, output) -> None:
-        if self.open:  # the last backward raised (its callbacks never ran): it is over all the same
-            self.finish()
         if not (model.require_backward_grad_sync and torch.is_grad_enabled()):
             return  # no_sync(), eval: no collective in backward
-        tensors = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) \
-            else (output,)
-        hooked = False
-        for tensor in tensors:
-            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        if (self.step + 1) % self.period == 0:  # a sampled step: its wait is measured
+            tensors = output.values() if isinstance(output, dict) else output \
+                if isinstance(output, (list, tuple)) else (output,)
+            outputs = [tensor for tensor in tensors if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
+            if not outputs:
+                return  # nothing to backward through
+            for tensor in outputs:
                 tensor.register_hook(self.backward_starts)
-                hooked = True
-        self.armed = hooked
-        if hooked and self.forward_site:
-            self.forward_site = call_site()
+            self.sampled = self.hooked = True
+        if self not in _armed:
+            _armed.append(self)
 
     def backward_starts(self, grad) -> None:
-        if not self.armed:
-            return  # another output of the same forward
-        self.armed = False
-        self.step += 1
-        site = call_site()
-        _progress.enter(GRADIENTS, self.forward_site if site == "?" and self.forward_site else site, self.step)
-        self.open = True
-        _engine.queue_callback(self.after_ddp_queued)  # runs before DDP's finalize_backward, queued later...
+        if self.hooked:  # (not again for another output of the same forward)
+            self.hooked = False
+            _engine.queue_callback(self.after_ddp_queued)  # runs before DDP's finalize_backward, queued later...
 
     def after_ddp_queued(self) -> None:
         self.reducing_since = time.monotonic()
         if self.on_cuda:
-            self.gpu_waits.append([_cuda_event(), None])
-        _engine.queue_callback(self.finish)  # ...so this one runs after it: every bucket is reduced then
+            self.gpu_waits.append([_cuda_event(), None, None])
+        _engine.queue_callback(self.wait_ended)  # ...so this one runs after it: every bucket is reduced then
 
-    def finish(self) -> None:
-        self.open = False
-        since, self.reducing_since = self.reducing_since, 0.0
+    def wait_ended(self) -> None:
         if self.on_cuda:
             if self.gpu_waits and self.gpu_waits[-1][1] is None:
                 self.gpu_waits[-1][1] = _cuda_event()
-            _progress.leave(self.gpu_seconds_waited())
         else:
-            _progress.leave(time.monotonic() - since if since else 0.0)
-        balance_meter.step_done(balance_meter.DDP_STEPS, self.step, owner=self)
+            self.wait = time.monotonic() - self.reducing_since
 
-    def gpu_seconds_waited(self) -> float:
-        """The GPU waits that have completed since the last call (the newest may complete a step later)."""
-        waited = 0.0
+    def step_ended(self) -> None:
+        """Its backward returned, and it was sampled or is the step before one (the origin of the sampled
+        step's duration): to the balance meter; the step time, from those, sets the sampling period."""
+        sampled, self.sampled = self.sampled, False
+        now = time.monotonic()
+        wait, self.wait = self.wait, None
+        if sampled and self.ended_at:
+            duration = now - self.ended_at
+            self.step_time = duration if not self.step_time else 0.8 * self.step_time + 0.2 * duration
+            needed = HOOK_COST_S / (HOOK_SHARE * self.step_time) if self.step_time > 0 else MAX_PERIOD
+            self.period = 1
+            while self.period < needed and self.period < MAX_PERIOD:
+                self.period *= 2
+        self.ended_at = now
+        record = balance_meter.step_done(balance_meter.DDP_STEPS, self.step, owner=self,
+                                         ddp_wait=wait if sampled else None)
+        if self.on_cuda:
+            if sampled and self.gpu_waits and self.gpu_waits[-1][2] is None:
+                self.gpu_waits[-1][2] = record or []
+            self.gpu_waits_completed()
+
+    def gpu_waits_completed(self) -> None:
+        """The GPU waits that have completed, to the records of their steps (the newest may complete later)."""
         while self.gpu_waits and self.gpu_waits[0][1] is not None and self.gpu_waits[0][1].query():
-            start, end = self.gpu_waits.pop(0)
-            waited += start.elapsed_time(end) / 1000.0
+            start, end, record = self.gpu_waits.pop(0)
+            balance_meter.ddp_wait_known(record, start.elapsed_time(end) / 1000.0)
         del self.gpu_waits[:-64]  # never completed (a device error): not kept forever
-        return waited
 
 
 def _cuda_event():
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
+
+
+def _run_backward(t_outputs, *args, **kwargs):
+    """torch's entry to the autograd engine: the backward of armed DDP models is their gradient all_reduce."""
+    if not _armed or _progress is None:
+        return _originals[_BACKWARD](t_outputs, *args, **kwargs)
+    watches = _armed.copy()
+    _armed.clear()
+    for watch in watches:
+        watch.step += 1
+    first = watches[0]
+    if first.sampled:
+        _progress.ddp_site(call_site())  # the user's loss.backward(), on sampled steps only (it costs)
+    entered = _progress.enter_ddp(first.step)
+    try:
+        return _originals[_BACKWARD](t_outputs, *args, **kwargs)
+    finally:
+        _progress.leave_ddp(entered)
+        for watch in watches:  # most steps: nothing more (neither sampled nor the step before one)
+            if watch.sampled or (watch.step + 1) % watch.period == 0:
+                watch.step_ended()
 
 
 def _init(self, *args, **kwargs):
@@ -249,5 +296,6 @@ class _Inside:
 _PATCHES = ((DistributedDataParallel, "__init__", _init), (DistributedDataParallel, "_post_forward", _post_forward),
             (DistributedDataParallel, "register_comm_hook", _register_comm_hook),
             (DistributedDataParallel, "_sync_buffers", _sync_buffers), (_DDPJoinHook, "main_hook", _join_main_hook),
+            (torch.autograd, _BACKWARD, _run_backward),  # torch.autograd.backward and .grad look it up there
             *((_ddp_module, name, _construction_collective(name))
               for name in ("_verify_param_shape_across_processes", "_sync_module_states")))

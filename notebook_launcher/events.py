@@ -45,7 +45,9 @@ Kinds of events
              (``get_logger``, plain ``logging``, ``warnings.warn``). ``in_order`` is the rank's count of
              in_order calls; a record
              ``{"in_order": n, "skipped": True}`` says the rank's level filtered its record of call n out
-``balance``  data: ``{"elapsed", "waited", "steps": [[step, seconds since start, seconds waited so far]],
+``balance``  data: ``{"elapsed", "waited", "steps": [[step, seconds since start, seconds waited so far]
+             (+ for DDP's steps: the step's wait in its backward, null where not sampled; "so far" then
+             leaves DDP's backward out)],
              "step_source": "ddp" | "report" | None, "final", "peak_rss", "cuda": {"peak_allocated",
              "peak_reserved", "total"} | None}``: the rank's time in collectives and its memory, a few times a
              minute and at the function's end (``balance_meter``; read by ``balance.py``)

@@ -24,6 +24,7 @@ class HangWatch:
     def __init__(self, directory: str):
         self.directory = directory
         self._records: dict[int, ProgressRecord] = {}
+        self._first_seen: dict[int, tuple[int, float]] = {}  # rank -> (sequence, when first seen inside)
 
     def path_for(self, rank: int) -> str:
         """The file of ``rank``'s record (created now), or "" when records are not kept."""
@@ -34,7 +35,17 @@ class HangWatch:
         return path
 
     def read(self) -> dict[int, dict]:
-        return {rank: record.read() for rank, record in self._records.items()}
+        """rank -> its record; where the rank does not write when it entered (DDP's gradient all_reduce, entered
+        at every step), ``since`` is when this watch first saw it there."""
+        now, records = time.monotonic(), {}
+        for rank, record in self._records.items():
+            entry = records[rank] = record.read()
+            if entry["inside"] and not entry["since"]:
+                seen = self._first_seen.get(rank)
+                if seen is None or seen[0] != entry["sequence"]:
+                    seen = self._first_seen[rank] = (entry["sequence"], now)
+                entry["since"] = seen[1]
+        return records
 
     def is_hang(self, done: set[int], now: float) -> bool:
         """A rank has waited in a collective for HANG_GRACE_S while a rank in ``done`` (finished or exited) will

@@ -3,6 +3,7 @@ hang inside DDP's backward names DDP, the step and the user's line; DDP's number
 unchanged by it."""
 
 import os
+import time
 
 import psutil
 import pytest
@@ -164,7 +165,43 @@ def test_the_record_holds_ddps_collective_step_line_and_progress():
         assert inside["inside"] and inside["operation"] == "DDP gradient all_reduce" and inside["step"] == step
         assert inside["call_site"] == where.format(lines["backward"])
         assert not after["inside"] and after["step"] == step and after["sequence"] == inside["sequence"]
-        assert after["progressed_at"] >= after["since"] > 0
+        assert inside["sequence"] > forward["sequence"]  # each backward is a new collective: progress when it ends
+
+
+def test_the_kernel_reads_ddps_step_from_the_record_and_times_it_itself(tmp_path):
+    """What the rank writes at every step is two integers, no clock: the kernel's HangWatch says since when it
+    saw the rank inside; a collective called inside DDP's backward (a user's hook) is the innermost while it
+    runs, and DDP's backward is where the rank is again once it has returned."""
+    from notebook_launcher.hangs import HangWatch
+    from notebook_launcher.progress_record import ProgressRecord
+
+    watch = HangWatch(str(tmp_path))
+    rank_side = ProgressRecord(watch.path_for(0))
+    rank_side.enter("broadcast", "train.py:3 in main")
+    rank_side.leave()
+    rank_side.ddp_site("train.py:9 in main")
+    before = time.monotonic()
+    entered = rank_side.enter_ddp(step=4)
+    seen = watch.read()[0]
+    assert seen["inside"] and seen["operation"] == "DDP gradient all_reduce" and seen["step"] == 4
+    assert seen["sequence"] == 2 and seen["call_site"] == "train.py:9 in main"
+    assert before <= seen["since"] <= time.monotonic()
+    time.sleep(0.05)
+    assert watch.read()[0]["since"] == seen["since"]  # the same entry: the same since
+    rank_side.enter("all_reduce", "train.py:20 in hook")
+    assert watch.read()[0]["operation"] == "all_reduce" and watch.read()[0]["sequence"] == 3
+    rank_side.leave()
+    again = watch.read()[0]
+    assert again["inside"] and again["operation"] == "DDP gradient all_reduce" and again["sequence"] == 2
+    rank_side.leave_ddp(entered)
+    after = watch.read()[0]
+    assert not after["inside"] and after["operation"] == "all_reduce"  # the last one it left
+    entered = rank_side.enter_ddp(step=5)
+    rank_side.leave_ddp(entered)
+    last = watch.read()[0]
+    assert not last["inside"] and last["operation"] == "DDP gradient all_reduce" and last["sequence"] == 4
+    rank_side.close()
+    watch.close()
 
 
 def _uneven_inputs_under_join():
