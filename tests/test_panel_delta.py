@@ -124,7 +124,10 @@ def test_the_saved_bundle_of_64_ranks_holds_its_budget_and_keeps_each_ranks_newe
     assert saved_size(bundle) <= SAVED_BYTES
     payload = bundle[MIME_TYPE]
     kept = [len(rank["lines"]) for rank in payload["ranks"]]
-    assert min(kept) >= 5 and max(kept) - min(kept) <= 1  # equal shares, since every rank printed alike
+    # equal shares, since every rank printed alike (a few lines each: every card is full, 64 ranks share 200 KB)
+    assert min(kept) >= 3 and max(kept) - min(kept) <= 1
+    fallback_kept = bundle["text/plain"].count("line 249")
+    assert fallback_kept == 64 and bundle["text/plain"].count("line 246 ") == 0  # the newest quarter (1 of 4)
     for rank, whole in zip(payload["ranks"], full["ranks"]):
         assert rank["lines"] == whole["lines"][len(whole["lines"]) - len(rank["lines"]):]  # the newest, in order
         assert rank["lines_total"] == 250 and rank["lines_dropped"] == 250 - len(rank["lines"])

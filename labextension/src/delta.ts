@@ -12,8 +12,11 @@ export interface ICaps {
   history: number;
 }
 
-/** `[n, t, kind, text]`, or `[n, t, "log", text, level, logger]`. */
-export type LineRow = [number, number, string, string, (string | null)?, (string | null)?];
+/**
+ * A line relative to the one before it (the first to the change's `at`, `[n, t in ms]`): `[dn, dt in ms, text]`
+ * for stdout, `[dn, dt, text, kind]` otherwise, `[dn, dt, text, "log", level, logger]` for a log record.
+ */
+export type LineRow = [number, number, string, string?, (string | null)?, (string | null)?];
 
 /** `[step, t, step_time, metrics]`. */
 export type PointRow = [number | null, number, number | null, Record<string, number>];
@@ -21,10 +24,11 @@ export type PointRow = [number | null, number, number | null, Record<string, num
 export interface IRankDelta extends Partial<Omit<IRank, 'lines' | 'history'>> {
   rank: number;
   new?: boolean;
+  /** `[n, t in ms]` of the first new line. */
+  at?: [number, number];
   lines?: LineRow[];
+  /** New points without `progress`: the progress is made from them, as report() does (`derivedProgress`). */
   history?: PointRow[];
-  /** Instead of `progress`: make it from the new points, as report() does (`derivedProgress`). */
-  progress_from_history?: boolean;
 }
 
 export interface IDelta {
@@ -50,13 +54,18 @@ export type LiveMessage = IDelta | IFull | { type: 'unknown'; run_id?: string };
 /** A live state: the run payload and the number of the last update in it. */
 export type LiveRun = IRun & { seq?: number };
 
-export function expandLine(row: LineRow): ILine {
-  const line: ILine = { n: row[0], t: row[1], kind: row[2] as ILine['kind'], text: row[3] };
-  if (row.length > 4) {
-    line.level = row[4] ?? null;
-    line.logger = row[5] ?? null;
-  }
-  return line;
+export function expandLines(at: [number, number], rows: LineRow[]): ILine[] {
+  let [n, ms] = at;
+  return rows.map(row => {
+    n += row[0];
+    ms += row[1];
+    const line: ILine = { n, t: ms / 1000, kind: (row.length > 3 ? row[3] : 'stdout') as ILine['kind'], text: row[2] };
+    if (row.length > 4) {
+      line.level = row[4] ?? null;
+      line.logger = row[5] ?? null;
+    }
+    return line;
+  });
 }
 
 export function expandPoint(row: PointRow): IHistoryPoint {
@@ -90,15 +99,15 @@ export function applyDelta(state: LiveRun, delta: IDelta, caps: ICaps): LiveRun 
   }
   for (const change of delta.ranks || []) {
     const rank: IRank = { ...(ranks.get(change.rank) || blankRank(change.rank)) };
-    const lines = (change.lines || []).map(expandLine);
+    const lines = change.lines?.length && change.at ? expandLines(change.at, change.lines) : [];
     const points = (change.history || []).map(expandPoint);
-    const skip = new Set(['rank', 'lines', 'history', 'new', 'progress_from_history']);
+    const skip = new Set(['rank', 'at', 'lines', 'history', 'new']);
     for (const [name, value] of Object.entries(change)) {
       if (!skip.has(name)) {
         (rank as unknown as Record<string, unknown>)[name] = value;
       }
     }
-    if (change.progress_from_history) {
+    if (points.length && !('progress' in change)) {
       rank.progress = derivedProgress(rank.progress, points);
     }
     if (change.lines_total === undefined) {

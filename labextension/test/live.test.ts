@@ -15,22 +15,23 @@ function delta(seq: number, extra: Partial<IDelta> = {}): IDelta {
 describe('applyDelta', () => {
   it('appends new lines and points, keeps the newest within the caps, and counts every line', () => {
     const start = { ...run({ ranks: [rank(0, { lines: [line(1, 'a')], lines_total: 1 }), rank(1)] }), seq: 4 };
-    const rows: LineRow[] = [[2, 0.2, 'stdout', 'b'], [3, 0.3, 'log', 'c', 'WARNING', 'train'], [5, 0.5, 'stderr', 'd']];
-    const next = applyDelta(start, delta(5, { ranks: [{ rank: 0, lines: rows, status: 'failed',
-      history: [[1, 0.1, null, {}], [2, 0.2, 0.1, {}], [3, 0.3, 0.1, {}]] }] }), CAPS);
+    const rows: LineRow[] = [[0, 0, 'b'], [1, 100, 'c', 'log', 'WARNING', 'train'], [2, 200, 'd', 'stderr']];
+    const next = applyDelta(start, delta(5, { ranks: [{ rank: 0, at: [2, 200], lines: rows, status: 'failed',
+      progress: null, history: [[1, 0.1, null, {}], [2, 0.2, 0.1, {}], [3, 0.3, 0.1, {}]] }] }), CAPS);
     const zero = next.ranks![0];
     expect(zero.lines!.map(l => l.text)).toEqual(['b', 'c', 'd']);
     expect(zero.lines![1]).toEqual({ n: 3, t: 0.3, kind: 'log', text: 'c', level: 'WARNING', logger: 'train' });
+    expect([zero.lines![0].kind, zero.lines![2].kind, zero.lines![2].n, zero.lines![2].t]).toEqual(['stdout', 'stderr', 5, 0.5]);
     expect([zero.lines_total, zero.lines_dropped, zero.status]).toEqual([4, 1, 'failed']);
     expect(zero.history!.map(p => p.step)).toEqual([2, 3]);
     expect(next.ranks![1]).toBe(start.ranks![1]); // untouched ranks are kept as they were
     expect([next.seq, next.elapsed, start.ranks![0].lines!.length]).toEqual([5, 5, 1]); // the old state is unchanged
   });
 
-  it('makes the progress from the new points when the kernel says so, as report() does', () => {
+  it('makes the progress from new points that come without one, as report() does', () => {
     const start = { ...run({ ranks: [rank(0, { progress: { step: 4, total: 10, metrics: { loss: 1, acc: 0.5 },
       step_time: 0.2 } })] }), seq: 1 };
-    const next = applyDelta(start, delta(2, { ranks: [{ rank: 0, progress_from_history: true,
+    const next = applyDelta(start, delta(2, { ranks: [{ rank: 0,
       history: [[5, 1.0, 0.25, { loss: 0.8 }], [6, 1.2, 0.2, { loss: 0.7 }]] }] }), CAPS);
     expect(next.ranks![0].progress).toEqual({ step: 6, total: 10, metrics: { loss: 0.7, acc: 0.5 }, step_time: 0.2 });
     expect(next.ranks![0].history).toEqual([{ step: 5, t: 1.0, step_time: 0.25, metrics: { loss: 0.8 } },
@@ -40,7 +41,7 @@ describe('applyDelta', () => {
   it('takes lines_total when more lines came than the state keeps, adds and drops ranks by order', () => {
     const start = { ...run({ ranks: [rank(0), rank(1)] }), seq: 1, saved: { lines_total: 9, lines_kept: 2 } };
     const next = applyDelta(start, delta(2, { order: [1, 2], ranks: [
-      { rank: 1, lines: [[40, 1, 'stdout', 'x']], lines_total: 40 },
+      { rank: 1, at: [40, 1000], lines: [[0, 0, 'x']], lines_total: 40 },
       { rank: 2, new: true, status: 'running', lines_total: 0 }
     ] }), CAPS);
     expect(next.ranks!.map(r => [r.rank, r.status, r.lines_total, r.lines_dropped])).toEqual([
@@ -93,7 +94,7 @@ describe('a panel following its run over a comm', () => {
     const full: IFull = { type: 'full', run_id: payload.run_id!, seq: 3, caps: { lines: 200, history: 200 },
       state: run({ ranks: [rank(0, { lines: [line(1, 'one')], lines_total: 1 }), rank(1)] }) };
     comm.deliver(full);
-    comm.deliver(delta(4, { ranks: [{ rank: 0, lines: [[2, 0.1, 'stdout', 'two']] }] }));
+    comm.deliver(delta(4, { ranks: [{ rank: 0, at: [2, 100], lines: [[0, 0, 'two']] }] }));
     for (const renderer of [first, second]) {
       expect(lineTexts(renderer.node, 0)).toEqual(['one', 'two']);
     }
@@ -115,7 +116,7 @@ describe('a panel following its run over a comm', () => {
     const comm = kernel.comms[0].comm;
     comm.deliver({ type: 'full', run_id: stale.run_id, seq: 40, caps: { lines: 200, history: 200 },
       state: run({ elapsed: 30, ranks: [rank(0, { lines: [line(80, 'now')], lines_total: 80 })] }) });
-    comm.deliver(delta(41, { ranks: [{ rank: 0, lines: [[81, 31, 'stdout', 'next']] }] }));
+    comm.deliver(delta(41, { ranks: [{ rank: 0, at: [81, 31000], lines: [[0, 0, 'next']] }] }));
     expect(lineTexts(renderer.node, 0)).toEqual(['now', 'next']);
     expect(renderer.node.querySelector('.nl-rank .nl-dropped')?.textContent).toContain('79 earlier lines');
   });

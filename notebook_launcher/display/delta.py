@@ -6,13 +6,15 @@ A delta carries, with ``seq`` (this update's number) and ``base`` (the one it ap
 
 - ``set``: each top-level field whose value changed (the header's ``elapsed`` always), whole;
 - ``order``: the rank numbers, only when the set of ranks changed (a rank not listed goes);
-- ``ranks``: per rank that changed, its changed fields, its new ``lines`` (each ``[n, t, kind, text]`` or
-  ``[n, t, "log", text, level, logger]``, oldest first) and new chart ``history`` points (each
-  ``[step, t, step_time, metrics]``), appended and cut to the newest ``caps["lines"]`` / ``caps["history"]``;
-  ``progress_from_history`` instead of ``progress`` when the receiver can make it from the new points
-  (``derived_progress``: what a report() does); ``lines_total`` only when it is not the old count plus the new
-  lines (more lines came than the state keeps); ``new`` when the receiver starts the rank afresh (a rank it
-  has not seen, or one a rendezvous remade).
+- ``ranks``: per rank that changed, its changed fields, its new ``lines`` and new chart ``history`` points
+  (each ``[step, t, step_time, metrics]``), appended and cut to the newest ``caps["lines"]`` /
+  ``caps["history"]``. Lines are rows relative to the line before (``at``: ``[n, t in ms]`` of the first new
+  line): ``[dn, dt in ms, text]`` for stdout, ``[dn, dt, text, kind]`` otherwise, ``[dn, dt, text, "log",
+  level, logger]`` for a log record, oldest first (a line costs its text and about ten bytes). When new points
+  come without ``progress``, the receiver makes the progress from them (``derived_progress``: what a report()
+  does); ``progress`` comes when that would not give it. ``lines_total`` only when it is not the old count
+  plus the new lines (more lines came than the state keeps); ``new`` when the receiver starts the rank afresh
+  (a rank it has not seen, or one a rendezvous remade).
 
 The receiver keeps ``lines_dropped`` = ``lines_total`` - its number of lines.
 """
@@ -26,11 +28,32 @@ from .state import HISTORY_POINTS, RunState
 RANK_FIELDS = ("host", "status", "pid", "exit_code", "progress")
 
 
-def compact_line(line: dict) -> list:
-    out = [line["n"], line["t"], line["kind"], line["text"]]
-    if "level" in line:
-        out += [line["level"], line.get("logger")]
-    return out
+def compact_lines(lines: list[dict]) -> tuple[list, list]:
+    """``at`` and the rows of ``lines`` (oldest first; see the module's docstring)."""
+    rows, n_before, ms_before = [], lines[0]["n"], round(lines[0]["t"] * 1000)
+    at = [n_before, ms_before]
+    for line in lines:
+        ms = round(line["t"] * 1000)
+        row = [line["n"] - n_before, ms - ms_before, line["text"]]
+        if "level" in line:
+            row += [line["kind"], line["level"], line.get("logger")]
+        elif line["kind"] != "stdout":
+            row.append(line["kind"])
+        rows.append(row)
+        n_before, ms_before = line["n"], ms
+    return at, rows
+
+
+def expand_lines(at: list, rows: list) -> list[dict]:
+    n, ms = at
+    lines = []
+    for row in rows:
+        n, ms = n + row[0], ms + row[1]
+        line = {"n": n, "t": ms / 1000, "kind": row[3] if len(row) > 3 else "stdout", "text": row[2]}
+        if len(row) > 4:
+            line["level"], line["logger"] = row[4], row[5]
+        lines.append(line)
+    return lines
 
 
 def compact_point(point: dict) -> list:
@@ -50,13 +73,6 @@ def derived_progress(progress: dict | None, points: list[dict]) -> dict:
         metrics.update(point["metrics"])
     return {"step": points[-1]["step"], "total": before.get("total"), "metrics": metrics,
             "step_time": points[-1]["step_time"]}
-
-
-def expand_line(row: list) -> dict:
-    line = {"n": row[0], "t": row[1], "kind": row[2], "text": row[3]}
-    if len(row) > 4:
-        line["level"], line["logger"] = row[4], row[5]
-    return line
 
 
 class DeltaTracker:
@@ -126,17 +142,18 @@ class DeltaTracker:
             value = getattr(rank, name)
             if name not in before["fields"] or before["fields"][name] != value:
                 change[name] = value
-        if "progress" in change and points and "new" not in change and \
+        if points and "new" not in change and \
                 derived_progress(before["fields"].get("progress"), points) == rank.progress:
-            del change["progress"]  # the usual case: the receiver makes it from the points (half the bytes)
-            change["progress_from_history"] = True
+            change.pop("progress", None)  # the usual case: the receiver makes it from the points (half the bytes)
+        elif points and "progress" not in change:
+            change["progress"] = rank.progress  # (what the points would make of it is not the progress)
         fresh = []
         for line in reversed(rank.lines):
             if line["n"] <= before["n"]:
                 break
-            fresh.append(compact_line(line))
+            fresh.append(line)
         if fresh:
-            change["lines"] = fresh[::-1]
+            change["at"], change["lines"] = compact_lines(fresh[::-1])
         if rank.lines_total != before["total"] + len(fresh) or "new" in change:
             change["lines_total"] = rank.lines_total
         if points:
@@ -160,12 +177,12 @@ def apply_delta(state: dict, delta: dict, caps: dict) -> dict:
                              "lines": [], "lines_total": 0, "lines_dropped": 0, "progress": None, "history": []}
     for change in delta.get("ranks") or []:
         rank = dict(ranks[change["rank"]])
-        lines = [expand_line(row) for row in change.get("lines") or []]
+        lines = expand_lines(change["at"], change["lines"]) if change.get("lines") else []
         points = [expand_point(row) for row in change.get("history") or []]
         for name, value in change.items():
-            if name not in ("rank", "lines", "history", "new", "progress_from_history"):
+            if name not in ("rank", "at", "lines", "history", "new"):
                 rank[name] = value
-        if change.get("progress_from_history"):
+        if points and "progress" not in change:
             rank["progress"] = derived_progress(rank.get("progress"), points)
         if "lines_total" not in change:
             rank["lines_total"] = rank.get("lines_total", 0) + len(lines)

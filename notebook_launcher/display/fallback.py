@@ -1,7 +1,8 @@
 """The run panel for frontends without the JupyterLab extension: ``text/plain`` and a static ``text/html``.
 
 Both are made from the same state payload as the panel (``RunState.to_json()``) and carry the same lines, so
-whichever a frontend or exporter picks (``nbconvert --to markdown`` picks the HTML), nothing is missing.
+whichever a frontend or exporter picks (``nbconvert --to markdown`` picks the HTML), nothing is missing (once
+the saved output is cut to its budget, they carry the newest quarter of each rank's kept lines: ``budget.py``).
 Everything that came from user code is escaped: the HTML is safe in untrusted notebooks.
 """
 

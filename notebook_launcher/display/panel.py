@@ -84,9 +84,10 @@ class PanelDisplay(FinishingDisplay):
         self.deltas = 0  # how many deltas went to listening panels
         self.last_bundle: dict | None = None  # the MIME bundle last published
 
-    def render(self, payload: dict) -> dict:
-        return {MIME_TYPE: payload, "text/html": render_html(payload, self._prefix_template),
-                "text/plain": render_text(payload, self._prefix_template)}
+    def render(self, payload: dict, fallback: dict) -> dict:
+        """The bundle: ``payload`` for the extension, ``fallback``'s lines in text/html and text/plain."""
+        return {MIME_TYPE: payload, "text/html": render_html(fallback, self._prefix_template),
+                "text/plain": render_text(fallback, self._prefix_template)}
 
     def bundle(self, limit: int = SAVED_BYTES) -> dict:
         """The MIME bundle of the state as it is, within ``limit`` bytes as saved."""
