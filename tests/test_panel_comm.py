@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from notebook_launcher.display.comm import unpack
 from notebook_launcher.display.delta import apply_delta
 from notebook_launcher.display.panel import REFRESH_S
 from test_kernel import PANEL_MIME, running_kernel
@@ -66,7 +67,7 @@ def test_a_comm_opened_during_the_run_gets_the_state_then_deltas_with_every_line
                     kc.shell_channel.send(request)
                     opened_at = time.monotonic()
             elif kind == "comm_msg" and content["comm_id"] == "panel-1":
-                comm_messages.append((time.monotonic(), content["data"]))
+                comm_messages.append((time.monotonic(), unpack(content["data"], msg.get("buffers"))))
             elif kind == "stream" and msg["parent_header"].get("msg_id") == msg_id and "runs" in content["text"]:
                 run_dir = content["text"].strip()
             elif kind == "status" and content["execution_state"] == "idle" and \

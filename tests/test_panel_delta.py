@@ -14,7 +14,7 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from notebook_launcher.display import panel as panel_module
 from notebook_launcher.display.budget import SAVED_BYTES, saved_size
-from notebook_launcher.display.comm import PanelChannel
+from notebook_launcher.display.comm import PanelChannel, unpack
 from notebook_launcher.display.delta import DeltaTracker, apply_delta
 from notebook_launcher.display.panel import PanelDisplay
 from notebook_launcher.display.state import MIME_TYPE, RunState
@@ -170,8 +170,8 @@ class _Comm:
     def __init__(self):
         self.sent, self.closed, self.on_msg_handler = [], False, None
 
-    def send(self, data):
-        self.sent.append(json.loads(json.dumps(data)))
+    def send(self, data, buffers=None):
+        self.sent.append(unpack(data, buffers))
 
     def close(self):
         self.closed = True

@@ -14,11 +14,36 @@ import { IRun } from './schema';
 
 export const TARGET = 'notebook_launcher.panel';
 
+/** What the panel reads of a comm message (JupyterLab's `KernelMessage.ICommMsgMsg`). */
+export interface ICommMessage {
+  content: { data: unknown };
+  buffers?: (ArrayBuffer | ArrayBufferView)[];
+}
+
+/**
+ * The kernel's message: its data, or, where the data says `packed: "json"`, the compact JSON in its first
+ * binary buffer (notebook_launcher/display/comm.py `send`).
+ */
+export function unpack(msg: ICommMessage): LiveMessage {
+  const data = msg.content.data as { packed?: string } | null;
+  const buffer = msg.buffers?.[0];
+  if (data && data.packed === 'json' && buffer) {
+    const bytes = ArrayBuffer.isView(buffer) ? new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
+      : new Uint8Array(buffer);
+    try {
+      return JSON.parse(new TextDecoder().decode(bytes)) as LiveMessage;
+    } catch {
+      return { type: 'unknown' };
+    }
+  }
+  return data as LiveMessage;
+}
+
 /** What the panel needs of a comm (JupyterLab's `Kernel.IComm`). */
 export interface ICommLike {
   open(data?: unknown): unknown;
   send(data: unknown): unknown;
-  onMsg: ((msg: { content: { data: unknown } }) => void | PromiseLike<void>) | null;
+  onMsg: ((msg: ICommMessage) => void | PromiseLike<void>) | null;
   onClose: ((msg: unknown) => void | PromiseLike<void>) | null;
   /** Resolves once the comm's kernel subshell exists (JupyterLab 4.4+; never, where the kernel has none). */
   subshellStarted?: Promise<void>;
@@ -64,7 +89,7 @@ class Follow {
       return; // comms disabled on this connection: the MIME output alone
     }
     this.comm = comm;
-    comm.onMsg = msg => this.receive(msg.content.data as LiveMessage);
+    comm.onMsg = msg => this.receive(unpack(msg));
     comm.onClose = () => {
       if (this.comm === comm) {
         this.comm = null;

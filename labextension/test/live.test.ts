@@ -59,6 +59,12 @@ class FakeComm implements ICommLike {
   open(data?: unknown) { this.opened.push(data); }
   send(data: unknown) { this.sent.push(data); }
   deliver(data: unknown) { void this.onMsg?.({ content: { data } }); }
+  /** As the kernel sends it (display/comm.py `send`): compact JSON in a binary buffer. */
+  deliverPacked(message: { type: string }, asView = false) {
+    const bytes = new TextEncoder().encode(JSON.stringify(message));
+    const buffer = asView ? new DataView(bytes.buffer) : bytes.buffer;
+    void this.onMsg?.({ content: { data: { type: message.type, packed: 'json' } }, buffers: [buffer] });
+  }
 }
 
 const flush = () => new Promise(resolve => setTimeout(resolve, 0));
@@ -105,6 +111,18 @@ describe('a panel following its run over a comm', () => {
     expect(comm.sent).toEqual([{ want: 'full' }]);
     comm.deliver({ ...full, seq: 7, state: run({ ranks: [rank(0, { lines: [line(9, 'nine')], lines_total: 9 }), rank(1)] }) });
     expect(lineTexts(second.node, 0)).toEqual(['nine']);
+  });
+
+  it('reads the messages packed in a binary buffer, as an ArrayBuffer or a view of one', () => {
+    const kernel = new FakeKernel();
+    setKernelFinder(() => kernel);
+    const payload = { ...run({ ranks: [rank(0)] }), seq: 0 };
+    const renderer = mount(payload);
+    const comm = kernel.comms[0].comm;
+    comm.deliverPacked({ type: 'full', run_id: payload.run_id, seq: 3, caps: { lines: 200, history: 200 },
+      state: run({ ranks: [rank(0, { lines: [line(1, 'one é')], lines_total: 1 })] }) } as IFull);
+    comm.deliverPacked(delta(4, { ranks: [{ rank: 0, at: [2, 100], lines: [[0, 0, 'two "quoted"']] }] }), true);
+    expect(lineTexts(renderer.node, 0)).toEqual(['one é', 'two "quoted"']);
   });
 
   it('catches up after a reload: a saved mid-run output gets the full state, then deltas', () => {

@@ -23,7 +23,7 @@ import time
 
 from ..events import Event
 from .budget import SAVED_BYTES, bounded_bundle
-from .comm import PanelChannel, panel_channel
+from .comm import PanelChannel, panel_channel, send
 from .delta import DeltaTracker
 from .fallback import render_html, render_text
 from .protocol import FinishingDisplay
@@ -34,7 +34,7 @@ MAX_BYTES_PER_S = 512 * 1024  # each update re-sends the whole state: many chatt
 DELTAS_PER_S = 5
 FEW_RANKS_DELTAS_PER_S = 8  # up to 8 ranks (columns, not the grid) deltas are small: more of them, as smooth as before
 REFRESH_S = 10.0  # with a listening panel, the MIME output (what is saved, what others show) is this old at most
-LIVE_BYTES = 32_000  # ... and this large while the run goes on
+LIVE_BYTES = 16_000  # ... and this large while the run goes on
 IDLE_UPDATE_S = 30.0  # the panel moves its clock itself; this says "still alive" when nothing else happens
 TICK_EVERY_S = 0.02  # a burst of events looks at the listeners once per this, not once per event
 _UNSET = object()
@@ -158,7 +158,7 @@ class PanelDisplay(FinishingDisplay):
     def _send(self, comms: list, message: dict) -> None:
         for comm in comms:
             try:
-                comm.send(message)
+                send(comm, message)
             except Exception:  # a comm closed under us: the MIME output still says everything
                 pass
 
