@@ -221,6 +221,24 @@ def test_the_panel_state_carries_the_balance_bounded_in_rate_and_anew_after_a_re
     assert state.to_json()["balance"] is None
 
 
+def test_a_short_runs_final_figures_make_the_panels_balance_once_every_rank_has_sent_them(monkeypatch):
+    """A run shorter than the ranks' 10 s interval sends only final figures: the balance is made for the first
+    (it was due) and when the last rank's arrive, not anew for each rank in between (64 ranks: 64 x 64)."""
+    from notebook_launcher.display import state as panel_state
+    from notebook_launcher.events import Event
+
+    monkeypatch.setattr(panel_state.time, "monotonic", lambda: 1000.0)
+    state = panel_state.RunState("id", "/tmp/run", "cpu", "gloo", "fork", 3, 3, [0, 1, 2])
+    made = []
+    balance_of = state._balance_book.balance
+    monkeypatch.setattr(state._balance_book, "balance", lambda: made.append(1) or balance_of())
+    for rank in range(3):
+        state.observe(Event(rank, 1, 1000.0, BALANCE, {"elapsed": 5.0, "waited": 1.0 + rank, "steps": [],
+                                                       "step_source": None, "final": True, "peak_rss": 2**28,
+                                                       "cuda": None}))
+    assert len(made) == 2 and state.to_json()["balance"]["final"] and len(state.to_json()["balance"]["ranks"]) == 3
+
+
 def _two_ddp_models(steps=12):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel

@@ -255,7 +255,8 @@ class RunState:
     def _on_balance(self, event: Event) -> None:
         if self._balance_book.observe(event.rank, event.data):
             now = time.monotonic()
-            if now >= self._balance_due or self._balance_book.all_final():  # (finish() makes it too)
+            every_rank_final = len(self._balance_book.ranks) >= len(self.ranks) and self._balance_book.all_final()
+            if now >= self._balance_due or every_rank_final:  # (finish() makes it too)
                 self._refresh_balance(now)
 
     def _refresh_balance(self, now: float) -> None:
