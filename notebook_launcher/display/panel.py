@@ -152,8 +152,11 @@ class PanelDisplay(FinishingDisplay):
             self.publish(limit=LIVE_BYTES)
 
     def _full_message(self, ended: bool = False, bundle: dict | None = None) -> dict:
+        """The state for a panel that joins: while the run goes on, all of it (every line the state keeps, so a
+        reload shows what the panel showed); at the end, the saved output's (``bundle``)."""
+        state = bundle[MIME_TYPE] if bundle is not None else {**self.state.to_json(), "seq": self.tracker.seq}
         return {"type": "full", "run_id": self.state.header["run_id"], "seq": self.tracker.seq,
-                "caps": self.tracker.caps, "ended": ended, "state": (bundle or self.bundle())[MIME_TYPE]}
+                "caps": self.tracker.caps, "ended": ended, "state": state}
 
     def _send(self, comms: list, message: dict) -> None:
         for comm in comms:
