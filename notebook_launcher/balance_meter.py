@@ -45,7 +45,8 @@ class BalanceMeter:
         # [step, seconds since started, seconds waited so far outside DDP's backward] and for DDP's steps the
         # step's wait in its backward (None: not sampled), not sent yet
         self.steps: list = []
-        self.ddp_steps = self.ddp_sampled = 0  # DDP steps, and those whose wait is known
+        self.ddp_first: int | None = None  # the first DDP step noted (the owner's ``step`` counts on from it)
+        self.ddp_sampled = 0  # DDP steps whose wait is known
         self.ddp_waited = 0.0  # the sampled steps' waits
         self.step_source: str | None = None
         self.step_owner: object = None  # the DDP model whose backward ends a step
@@ -68,7 +69,8 @@ class BalanceMeter:
         record = [step, now - self.started, self.progress.waited]
         if source == DDP_STEPS:
             record.append(None)
-            self.ddp_steps += 1
+            if self.ddp_first is None:
+                self.ddp_first = step
             if ddp_wait is not None:
                 self.ddp_wait_known(record, ddp_wait)
         self.steps.append(record)
@@ -84,9 +86,12 @@ class BalanceMeter:
             self.ddp_waited += seconds
 
     def waited(self) -> float:
-        """Seconds waited so far, the DDP steps that were not sampled counted at the sampled ones' mean."""
-        ddp = self.ddp_waited * self.ddp_steps / self.ddp_sampled if self.ddp_sampled else 0.0
-        return self.progress.waited + ddp
+        """Seconds waited so far, the DDP steps that were not sampled counted at the sampled ones' mean (the
+        meter notes only the sampled steps and the step before each; the owner's ``step`` counts them all)."""
+        if not self.ddp_sampled or self.ddp_first is None:
+            return self.progress.waited
+        steps = max(self.ddp_sampled, getattr(self.step_owner, "step", 0) - self.ddp_first + 1)
+        return self.progress.waited + self.ddp_waited * steps / self.ddp_sampled
 
     def send(self, final: bool = False) -> None:
         now = time.monotonic()

@@ -7,13 +7,15 @@ DDP computes or how, and without running any Python inside the backward on most 
 the autograd engine costs a small model several percent of its step):
 
 - **Gradients**: a forward that will synchronize gradients arms the model; the next backward (torch's one
-  entry to the autograd engine, ``torch.autograd.graph._engine_run_backward``, wrapped from Python, outside
-  the engine) is its step: the record says ``"DDP gradient all_reduce"``, the model's step and the user's line
-  (their ``loss.backward()``) from the moment the backward starts until it returns, which is after DDP's own
-  ``finalize_backward`` has waited for every bucket's all_reduce (its leave is ``progressed_at``). So a rank
-  is "inside" from the start of its backward through the model until DDP has all the averaged gradients;
+  entry to the autograd engine, ``_engine_run_backward``, wrapped where ``torch.autograd.backward`` looks it
+  up, in ``torch.autograd``; from Python, outside the engine) is its step: the record's DDP slot says
+  ``"DDP gradient all_reduce"``, the model's step and the user's line (their ``loss.backward()``) from the
+  moment the backward starts until it returns, which is after DDP's own ``finalize_backward`` has waited for
+  every bucket's all_reduce (the kernel sees the slot's sequence number move: progress). So a rank is
+  "inside" from the start of its backward through the model until DDP has all the averaged gradients;
   blocked there, the record says so. ``step`` counts the model's synchronized backward passes (1 for the
-  first; ``no_sync()`` passes do not count).
+  first; ``no_sync()`` passes do not count). ``torch.autograd.grad`` (which accumulates no gradient, so DDP
+  reduces nothing) and a backward inside one (a reentrant checkpoint's) are not steps.
 - **The wait, sampled**: how much of a step's backward was waiting for the others (for the run's balance) is
   measured on sampled steps only, with a hook on the forward's output and two callbacks queued on the autograd
   engine: the second runs after DDP's ``finalize_backward``, and the time between the two is the wait (on
@@ -40,9 +42,12 @@ the autograd engine costs a small model several percent of its step):
 - **Uneven inputs**: a rank that has joined (``with model.join():``) and shadows the others' collectives is
   in ``"DDP join"`` while it does.
 
-Limits: the first backward after a synchronizing forward is taken for that model's (a ``torch.autograd.grad``
-between the two, such as a gradient penalty, is counted instead of the step's own backward); "inside" covers
-the backward's own computation through the model too (the record cannot tell it from the wait). The raw
+Limits: the first ``backward()`` after a synchronizing forward is taken for that model's (with two DDP models,
+a GAN's, the first backward after both forwards counts for both); the wait is measured where the loss depends
+on a tensor the model returns directly or in a tuple, list or dict (``ModelOutput`` included), one level deep
+(other outputs: the step is recorded, its wait is not); "inside" covers the backward's own computation
+through the model too (the record cannot tell it from the wait); torch before 2.3 has no
+``_engine_run_backward``: there DDP's backward is not recorded. The raw
 torch.distributed collectives DDP runs from Python inside these are not recorded or checked again by ``ops``.
 ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP untouched.
 """
@@ -79,6 +84,7 @@ _engine = torch.autograd.Variable._execution_engine
 _originals: dict = {}
 _progress = None  # the rank's ProgressRecord, set by connect()
 _armed: list = []  # the watches whose synchronizing forward ran and whose backward has not started
+_in_backward = False  # inside a backward this module recorded (one nested in it is not another step)
 
 
 def enabled() -> bool:
@@ -94,32 +100,33 @@ def connect(progress) -> bool:
     _progress = progress
     if not _originals:
         for owner, name, replacement in _PATCHES:
-            _originals[name] = owner.__dict__[name]
-            setattr(owner, name, replacement)
+            if name in owner.__dict__:  # (torch before 2.3 has no _engine_run_backward: DDP's backward unseen)
+                _originals[name] = owner.__dict__[name]
+                setattr(owner, name, replacement)
     return True
 
 
 def disconnect() -> None:
     """DDP as torch has it; models made while connected record nothing more."""
-    global _progress
+    global _progress, _in_backward
     for owner, name, _ in _PATCHES:
         if name in _originals:
             setattr(owner, name, _originals.pop(name))
-    _progress = None
+    _progress, _in_backward = None, False
     _armed.clear()
 
 
 class _Watch:
     """One DDP model's side of the record: its step, its sampling period, the wait of its sampled steps."""
 
-    __slots__ = ("step", "period", "step_time", "ended_at", "sampled", "hooked", "reducing_since", "wait",
-                 "on_cuda", "gpu_waits")
+    __slots__ = ("step", "period", "step_time", "ended_at", "ended_step", "sampled", "hooked", "reducing_since",
+                 "wait", "on_cuda", "gpu_waits")
 
     def __init__(self, model):
         self.step = 0
         self.period = 1  # steps sampled: the multiples of this (1 until the step time is known)
         self.step_time = 0.0  # seconds per step, smoothed over the sampled steps
-        self.ended_at = 0.0  # when the backward of the step before a sampled one returned
+        self.ended_at, self.ended_step = 0.0, -1  # when the last step noted for the meter ended, and its number
         self.sampled = False  # the step to come is sampled (its forward hooked its output)
         self.hooked = False  # ...and its backward has not reached the hook yet
         self.reducing_since = 0.0  # when the backward's own computation ended and DDP's wait began
@@ -132,15 +139,13 @@ class _Watch:
     def after_forward(self, model, output) -> None:
         if not (model.require_backward_grad_sync and torch.is_grad_enabled()):
             return  # no_sync(), eval: no collective in backward
-        if (self.step + 1) % self.period == 0:  # a sampled step: its wait is measured
+        if (self.step + 1) % self.period == 0:  # a sampled step: its wait is measured, where the output shows
             tensors = output.values() if isinstance(output, dict) else output \
                 if isinstance(output, (list, tuple)) else (output,)
-            outputs = [tensor for tensor in tensors if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
-            if not outputs:
-                return  # nothing to backward through
-            for tensor in outputs:
-                tensor.register_hook(self.backward_starts)
-            self.sampled = self.hooked = True
+            for tensor in tensors:
+                if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                    tensor.register_hook(self.backward_starts)
+                    self.sampled = self.hooked = True
         if self not in _armed:
             _armed.append(self)
 
@@ -164,27 +169,30 @@ class _Watch:
 
     def step_ended(self) -> None:
         """Its backward returned, and it was sampled or is the step before one (the origin of the sampled
-        step's duration): to the balance meter; the step time, from those, sets the sampling period."""
+        step's duration): to the balance meter; the step time, from two such steps in a row, sets the
+        sampling period."""
         sampled, self.sampled = self.sampled, False
         now = time.monotonic()
         wait, self.wait = self.wait, None
-        if sampled and self.ended_at:
+        if self.ended_step == self.step - 1 and self.ended_at:
             duration = now - self.ended_at
             self.step_time = duration if not self.step_time else 0.8 * self.step_time + 0.2 * duration
             needed = HOOK_COST_S / (HOOK_SHARE * self.step_time) if self.step_time > 0 else MAX_PERIOD
             self.period = 1
             while self.period < needed and self.period < MAX_PERIOD:
                 self.period *= 2
-        self.ended_at = now
+        self.ended_at, self.ended_step = now, self.step
+        if self.on_cuda:
+            self.gpu_waits_completed()  # (before the meter may send the records they belong to)
         record = balance_meter.step_done(balance_meter.DDP_STEPS, self.step, owner=self,
                                          ddp_wait=wait if sampled else None)
-        if self.on_cuda:
-            if sampled and self.gpu_waits and self.gpu_waits[-1][2] is None:
-                self.gpu_waits[-1][2] = record or []
-            self.gpu_waits_completed()
+        if self.on_cuda and sampled and self.gpu_waits and self.gpu_waits[-1][2] is None:
+            self.gpu_waits[-1][2] = record or []
 
     def gpu_waits_completed(self) -> None:
         """The GPU waits that have completed, to the records of their steps (the newest may complete later)."""
+        # a wait whose end was never recorded (its backward raised) is dropped once a newer one exists
+        self.gpu_waits[:-1] = [wait for wait in self.gpu_waits[:-1] if wait[1] is not None]
         while self.gpu_waits and self.gpu_waits[0][1] is not None and self.gpu_waits[0][1].query():
             start, end, record = self.gpu_waits.pop(0)
             balance_meter.ddp_wait_known(record, start.elapsed_time(end) / 1000.0)
@@ -198,8 +206,11 @@ def _cuda_event():
 
 
 def _run_backward(t_outputs, *args, **kwargs):
-    """torch's entry to the autograd engine: the backward of armed DDP models is their gradient all_reduce."""
-    if not _armed or _progress is None:
+    """torch's entry to the autograd engine: the backward of armed DDP models is their gradient all_reduce.
+    Not ``torch.autograd.grad`` (it accumulates no gradient: DDP reduces nothing), nor a backward inside one
+    (a reentrant checkpoint's)."""
+    global _in_backward
+    if not _armed or _progress is None or _in_backward or kwargs.get("accumulate_grad") is False:
         return _originals[_BACKWARD](t_outputs, *args, **kwargs)
     watches = _armed.copy()
     _armed.clear()
@@ -209,13 +220,18 @@ def _run_backward(t_outputs, *args, **kwargs):
     if first.sampled:
         _progress.ddp_site(call_site())  # the user's loss.backward(), on sampled steps only (it costs)
     entered = _progress.enter_ddp(first.step)
+    _in_backward = True
     try:
         return _originals[_BACKWARD](t_outputs, *args, **kwargs)
     finally:
+        _in_backward = False
         _progress.leave_ddp(entered)
-        for watch in watches:  # most steps: nothing more (neither sampled nor the step before one)
-            if watch.sampled or (watch.step + 1) % watch.period == 0:
-                watch.step_ended()
+        try:
+            for watch in watches:  # most steps: nothing more (neither sampled nor the step before one)
+                if watch.sampled or (watch.step + 1) % watch.period == 0:
+                    watch.step_ended()
+        except Exception:  # noqa: BLE001 - the balance's figures (a device error, the kernel gone) never
+            pass  # replace what the backward itself returned or raised
 
 
 def _init(self, *args, **kwargs):

@@ -239,6 +239,28 @@ def test_a_short_runs_final_figures_make_the_panels_balance_once_every_rank_has_
     assert len(made) == 2 and state.to_json()["balance"]["final"] and len(state.to_json()["balance"]["ranks"]) == 3
 
 
+def test_a_ranks_total_wait_counts_the_ddp_steps_not_sampled_at_the_sampled_ones_mean(tmp_path):
+    """The meter notes only DDP's sampled steps and the step before each; the rank's total wait (its
+    wait_share) counts every step of the model, the unsampled ones at the sampled ones' mean."""
+    from notebook_launcher.balance_meter import DDP_STEPS, BalanceMeter
+    from notebook_launcher.progress_record import ProgressRecord
+
+    class Watch:  # what the meter reads of a DDP model's watch
+        step = 0
+
+    sent = []
+    record = ProgressRecord(str(tmp_path / "record"), create=True)
+    meter, watch = BalanceMeter(lambda kind, data: sent.append(data), record), Watch()
+    for step in (1, 2, 3, 31, 32, 63, 64):  # period 1 at first, then 32: sampled 1-3, 32, 64
+        watch.step = step
+        meter.step_done(DDP_STEPS, step, owner=watch, ddp_wait=None if step in (31, 63) else 0.01)
+    watch.step = 80  # 16 steps since, none noted yet
+    meter.send(final=True)
+    record.close()
+    assert sent[-1]["waited"] == pytest.approx(0.01 * 80)
+    assert [row[3] for row in sent[-1]["steps"]] == [0.01, 0.01, 0.01, None, 0.01, None, 0.01]
+
+
 def _two_ddp_models(steps=12):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel

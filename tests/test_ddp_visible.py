@@ -279,6 +279,43 @@ def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart()
     assert psutil.Process().children(recursive=True) == []
 
 
+class _NestedOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"out": (self.layer(x),)}  # two levels deep: no hook can find the tensor
+
+
+def _steps_of_odd_training_loops():
+    """A model whose output is nested, and a loop that takes a gradient penalty with torch.autograd.grad before
+    its backward (as physics-informed nets and WGAN-GP do): each backward() is one step, the grad() is not."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from notebook_launcher import ddp_watch
+
+    nested = DistributedDataParallel(_NestedOutput())
+    for _ in range(3):
+        nested(torch.ones(2, 4))["out"][0].sum().backward()
+    nested_record = ddp_watch._progress.read()
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    for _ in range(4):
+        x = torch.ones(2, 4, requires_grad=True)
+        out = model(x)
+        (penalty,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        (out.sum() + penalty.square().sum()).backward()
+    return nested_record, ddp_watch._progress.read()
+
+
+def test_a_nested_output_and_a_gradient_penalty_leave_the_steps_right():
+    nested, penalized = notebook_launcher(_steps_of_odd_training_loops, num_processes=2, device="cpu", timeout=120)
+    assert nested["operation"] == "DDP gradient all_reduce" and nested["step"] == 3 and not nested["inside"]
+    assert penalized["operation"] == "DDP gradient all_reduce" and penalized["step"] == 4
+    function = _steps_of_odd_training_loops
+    assert penalized["call_site"] == f"{__file__}:{function.__code__.co_firstlineno + 16} in {function.__name__}"
+
+
 def _fsdp_step():
     from torch.distributed.fsdp import FullyShardedDataParallel
 

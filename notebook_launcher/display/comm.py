@@ -25,8 +25,8 @@ def send(comm, message: dict) -> None:
     """``message`` to the panel at the other end of ``comm``, packed (see the module's docstring)."""
     try:
         packed = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # a NaN or an infinity somewhere: as Jupyter sends any message (it cleans them)
-        comm.send(message)
+    except (TypeError, ValueError):  # a NaN, an infinity, a value JSON does not know:
+        comm.send(message)  # as Jupyter sends any message, cleaning them
         return
     comm.send({"type": message.get("type"), "packed": "json"}, buffers=[packed.encode("utf-8", "surrogatepass")])
 
