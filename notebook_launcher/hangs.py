@@ -25,6 +25,7 @@ class HangWatch:
         self.directory = directory
         self._records: dict[int, ProgressRecord] = {}
         self._first_seen: dict[int, tuple[int, float]] = {}  # rank -> (sequence, when first seen inside)
+        self._done_at: dict[int, float] = {}  # rank -> when is_hang first saw it finished or exited
 
     def path_for(self, rank: int) -> str:
         """The file of ``rank``'s record (created now), or "" when records are not kept."""
@@ -48,11 +49,16 @@ class HangWatch:
         return records
 
     def is_hang(self, done: set[int], now: float) -> bool:
-        """A rank has waited in a collective for HANG_GRACE_S while a rank in ``done`` (finished or exited) will
-        never join it. (Any other stall is the timeout's to catch.)"""
+        """A rank has waited in a collective for HANG_GRACE_S since a rank in ``done`` (finished or exited) was
+        first seen done: that rank will never join it. (Counted from then, not from the collective's start: a
+        rank that waited long for one that completed the collective and then finished needs a moment to see
+        it complete. Any other stall is the timeout's to catch.)"""
         if not self._records or not done:
             return False
-        waits = [now - record["since"] for rank, record in self.read().items()
+        for rank in done:
+            self._done_at.setdefault(rank, now)
+        first_done = min(self._done_at[rank] for rank in done)
+        waits = [now - max(record["since"], first_done) for rank, record in self.read().items()
                  if rank not in done and record["inside"]]
         return bool(waits) and max(waits) >= HANG_GRACE_S
 

@@ -248,3 +248,25 @@ def test_the_automatic_hang_stop_is_kept_and_its_stacks_are_the_users():
     message = str(caught.value)
     assert "Python stacks of rank 0:" in message and "in leaves_early" in message
     assert_only_users_frames(message)
+
+
+def test_a_rank_that_waited_long_for_one_that_just_finished_is_not_taken_for_hung(tmp_path):
+    """Rank 0 waited 5 s in all_reduce for rank 1, which then joined it and finished at once: rank 0 needs a
+    moment to see its all_reduce complete. The automatic stop counts the grace from the finish, not from the
+    collective's start (it stopped such healthy runs when the kernel saw the finish first)."""
+    from notebook_launcher.hangs import HANG_GRACE_S, HangWatch
+    from notebook_launcher.progress_record import ProgressRecord
+
+    watch = HangWatch(str(tmp_path))
+    ranks = [ProgressRecord(watch.path_for(rank)) for rank in (0, 1)]
+    ranks[0].enter("all_reduce", "train.py:9 in main")
+    entered = watch.read()[0]["since"]
+    finished = entered + 5.0
+    assert not watch.is_hang({1}, finished)
+    assert not watch.is_hang({1}, finished + HANG_GRACE_S - 0.1)
+    assert watch.is_hang({1}, finished + HANG_GRACE_S)  # still inside after the grace: it will never complete
+    ranks[0].leave()
+    assert not watch.is_hang({1}, finished + HANG_GRACE_S + 1)
+    for record in ranks:
+        record.close()
+    watch.close()
