@@ -13,9 +13,10 @@ their memory layout alone) and trains it step by step, switching between the var
 
 A round runs each variant for a block of 50 steps, in an order shuffled every round (the same on both ranks,
 which run in lockstep), so drift and load hit every variant alike; within a block the steps are consecutive,
-as in a run, so the watch samples them at the period a run of this model gets. Per launch and rank, the ratio of each variant's median step
-time to plain's; the figures are the medians of those ratios over ranks and launches, with their range. Also
-the main thread's CPU time per step (``time.thread_time``: less noisy than the wall clock on a shared machine)
+as in a run, so the watch samples them at the period a run of this model gets. Per launch and rank, the
+ratio of each variant's median step time to plain's; the figures are the medians of those ratios over ranks
+and launches, with their range. Also the main thread's CPU time per step (``time.thread_time``: less noisy
+than the wall clock on a shared machine)
 and the watch's own work measured alone in this process (no DDP, no gloo).
 
 Run: ``.venv/bin/python benchmarks/ddp_hook_overhead.py [launches] [rounds]``; writes
@@ -168,7 +169,8 @@ def main() -> None:
     measured_over_watched = {clock: [m / w for m, w in zip(ratios[clock]["measured"], ratios[clock]["watched"])]
                              for clock in ("wall", "cpu")}
     print(f"µs per step, Linear(256,256)x3, batch 32, {WORLD} CPU ranks (gloo): {launches} launches x {rounds} "
-          f"rounds of {BLOCK}-step blocks, the variants shuffled every round; load {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
+          f"rounds of {BLOCK}-step blocks, the variants shuffled every round; load {load_before:.2f} -> "
+          f"{os.getloadavg()[0]:.2f}")
     for clock, title in (("wall", "wall clock"), ("cpu", "main thread's CPU time")):
         print(f"  {title}:")
         for variant in VARIANTS:

@@ -59,7 +59,6 @@ import os
 import time
 
 import torch
-import torch.autograd
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parallel import distributed as _ddp_module

@@ -25,6 +25,7 @@ The payload then says what was cut: ``saved`` = ``{"limit", "lines_total", "line
 from __future__ import annotations
 
 import json
+import math
 from typing import Callable
 
 SAVED_BYTES = 200_000
@@ -104,8 +105,7 @@ def _fallback_lines(payload: dict) -> dict:
     ranks = []
     for rank in payload["ranks"]:
         lines = rank.get("lines") or []
-        keep = -(-len(lines) * FALLBACK_SHARE // 1) if lines else 0
-        kept = lines[len(lines) - int(keep):]
+        kept = lines[len(lines) - math.ceil(len(lines) * FALLBACK_SHARE):]
         ranks.append({**rank, "lines": kept, "lines_dropped": rank.get("lines_total", 0) - len(kept)})
     return {**payload, "ranks": ranks}
 

@@ -178,7 +178,8 @@ class RunState:
     def _record_progress(self, event: Event, step, total, metrics: dict, label: str | None = None) -> None:
         rank = self._rank(event)
         # as shown: 6 significant digits (the run log keeps the reported values whole)
-        metrics = {name: float(f"{value:.6g}") if isinstance(value, float) else value for name, value in metrics.items()}
+        metrics = {name: float(f"{value:.6g}") if isinstance(value, float) else value
+                   for name, value in metrics.items()}
         now = self._t(event)
         step_time = None
         if step is not None and rank._last_step is not None and step > rank._last_step[0]:
