@@ -150,6 +150,18 @@ class FrameDecoder:
         self._header, self._attachment, self._parts, self._pending = None, None, [], 0
 
     @property
+    def frame_pending(self) -> int:
+        """Bytes still to come of the frame being read, when it is known to be longer than what has come (a
+        result's attachment, a long header); 0 otherwise."""
+        if self._header is not None:
+            return self._pending
+        at, buffer = self._at, self._buffer
+        if len(buffer) - at < FRAME_HEADER.size:
+            return 0
+        header_len, attachment_len = FRAME_HEADER.unpack_from(buffer, at)
+        return max(0, FRAME_HEADER.size + header_len + attachment_len - (len(buffer) - at))
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame (non-zero at EOF means the writer died mid-frame)."""
         return len(self._buffer) - self._at + (self._pending if self._header is not None else 0)
@@ -225,6 +237,11 @@ class LineSplitter:
             self._partial = self._partial[cut:]
             self._continued = True
         return decoded
+
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes of the line not yet ended."""
+        return len(self._partial)
 
     def feed_text(self, text: str) -> list[str]:
         """``feed`` for text a rank's Python code wrote: whole ASCII lines without a carriage return (nearly

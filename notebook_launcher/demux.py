@@ -13,22 +13,25 @@ import time
 from typing import Iterator
 
 from .decoding import FrameDecoder, LineSplitter, event_from_frame
-from .events import CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, OUTPUT, STREAM, TRUNCATED_EVENT, Event
+from .events import CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, OUTPUT, STREAM, TRUNCATED_EVENT, Event
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
 _DUMP_HEADER = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 _DUMP_LINE = re.compile(r'  (File ".*", line \d+ in .*|<no Python frame>|\.\.\.)$')
 STREAMS = ("stdout", "stderr")
+LINES_READ_BYTES = 32 << 10
 
 
 class RankDemux:
     """The events of one rank, numbered per rank (``seq`` is the last number given).
 
-    Events are made lazily, as the caller iterates, so their numbers follow the order in which the caller
-    passes them on. A rank's text arrives two ways, each cut into lines by a splitter of its own: what its fd
-    1/2 pipes carry (C++ and subprocess output, and faulthandler's stack dumps) and Python-level writes sent
-    as ``output`` events on the event pipe.
+    What ``feed`` yields are events and lists of plain lines: consecutive ``stream`` lines and ``log`` records
+    without ``in_order``, which no one holds back and none of which can end the run, so the kernel passes them on
+    together (one call per stage for hundreds of lines, not one per line). Both are made lazily, as the caller
+    iterates, so their numbers follow the order in which the caller passes them on. A rank's text arrives two
+    ways, each cut into lines by a splitter of its own: what its fd 1/2 pipes carry (C++ and subprocess output,
+    and faulthandler's stack dumps) and Python-level writes sent as ``output`` events on the event pipe.
     """
 
     def __init__(self, rank: int, sinks=result_sinks):
@@ -40,22 +43,41 @@ class RankDemux:
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
         self._dump: str | None = None  # None | "expected" | "in": a faulthandler dump the kernel asked for
 
-    def feed(self, channel: str, chunk: bytes) -> Iterator[Event]:
-        """The events in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the channel's end (EOF)."""
+    def feed(self, channel: str, chunk: bytes) -> Iterator[Event | list[Event]]:
+        """The events and lists of plain lines in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the
+        channel's end (EOF)."""
         if channel == "events":
             return self._feed_events(chunk)
         return self._feed_stream(channel, chunk)
 
-    def _feed_events(self, chunk: bytes) -> Iterator[Event]:
+    def _feed_events(self, chunk: bytes) -> Iterator[Event | list[Event]]:
         decoder = self._decoder
         rank = self.rank
+        lines: list[Event] = []  # the plain lines of the frames so far, passed on together (see the class)
+        now = time.monotonic()  # (every line cut from this chunk was read at this moment)
         for header, attachment in decoder.feed(chunk):
-            if header["kind"] == OUTPUT:
-                yield from self._from_frame(header, attachment)
-            else:  # (_from_frame's other half, inline: one generator less per log record)
+            kind = header["kind"]
+            if kind == OUTPUT:
+                stray = self._output_lines(header["data"], lines, now)
+                if stray is None:
+                    continue
+                if lines:
+                    yield lines
+                    lines = []
+                yield stray
+            elif kind == LOG and "in_order" not in header["data"]:
                 self.seq += 1
                 header["rank"] = rank  # the pipe says who wrote it
+                lines.append(event_from_frame(header, attachment, self.seq))
+            else:
+                if lines:
+                    yield lines
+                    lines = []
+                self.seq += 1
+                header["rank"] = rank
                 yield event_from_frame(header, attachment, self.seq)
+        if lines:
+            yield lines
         if decoder.broken and not self._broken_reported:  # the pipe is still read (and dropped): no block
             self._broken_reported = True
             yield self.event(FAILURE, {
@@ -67,20 +89,35 @@ class RankDemux:
                 "type": TRUNCATED_EVENT, "message": f"{decoder.pending_bytes} bytes of an unfinished event "
                 "(the worker died while writing it)", "traceback": "", "exit_code": None})
 
+    def read_size(self, channel: str, most: int) -> int:
+        """How much to read next on ``channel``: ``LINES_READ_BYTES``, or up to ``most`` while one long frame or
+        line is arriving (a result, a line of megabytes). The lines of one read are alive together until passed
+        on: a 1 MB read of 25,000 frames kept so many objects alive through Python's collections that the
+        collector then walked the whole heap again and again (twice the kernel's time per line)."""
+        if channel == "events":
+            return min(most, max(LINES_READ_BYTES, self._decoder.frame_pending))
+        return most if self._fd_lines[channel].partial_bytes >= LINES_READ_BYTES else LINES_READ_BYTES
+
     def expect_stack_dump(self) -> None:
         """The kernel asked for this rank's stacks: the faulthandler dump coming on stderr is marked
         ``stack_dump`` (the displays leave it out and show the stacks cleaned in the notice or the message;
         the run log keeps it)."""
         self._dump = "expected"
 
-    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event]:
+    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event | list[Event]]:
         splitter = self._fd_lines[stream]
         lines = splitter.feed(chunk) if chunk else splitter.finish()
-        for line in lines:
-            data = {"stream": stream, "text": line}
-            if stream == "stderr" and self._dump and self._in_dump(line):
-                data["stack_dump"] = True
-            yield self.event(STREAM, data)
+        if stream == "stderr" and self._dump:
+            for line in lines:
+                data = {"stream": stream, "text": line}
+                if self._in_dump(line):
+                    data["stack_dump"] = True
+                yield self.event(STREAM, data)
+        elif lines:
+            rank, seq, now = self.rank, self.seq, time.monotonic()
+            self.seq = seq + len(lines)
+            yield [Event(rank, seq + number, now, STREAM, {"stream": stream, "text": line})
+                   for number, line in enumerate(lines, 1)]
         yield from self._redraw(stream, splitter)
 
     def _in_dump(self, line: str) -> bool:
@@ -93,18 +130,19 @@ class RankDemux:
             self._dump = None  # the dump is over: later lines are the rank's own
         return False
 
-    def _from_frame(self, header: dict, attachment) -> Iterator[Event]:
-        if header["kind"] == OUTPUT:  # Python-level text: cut into lines here, passed on as stream events
-            data = header["data"]
-            stream = "stderr" if data.get("stream") == "stderr" else "stdout"
-            splitter = self._python_lines.get(stream) or self._python_lines.setdefault(stream, LineSplitter())
-            for line in splitter.feed_text(str(data.get("text", ""))):
-                yield self.event(STREAM, {"stream": stream, "text": line})
-            yield from self._redraw(stream, splitter)
-            return
-        self.seq += 1
-        header["rank"] = self.rank  # the pipe says who wrote it
-        yield event_from_frame(header, attachment, self.seq)
+    def _output_lines(self, data: dict, lines: list, now: float) -> Event | None:
+        """Python-level text, cut into lines appended to ``lines`` as ``stream`` events; the redrawn state of an
+        unfinished line (a progress bar), which is not a plain line, is returned."""
+        stream = "stderr" if data.get("stream") == "stderr" else "stdout"
+        splitter = self._python_lines.get(stream) or self._python_lines.setdefault(stream, LineSplitter())
+        rank, seq = self.rank, self.seq
+        for line in splitter.feed_text(str(data.get("text", ""))):
+            seq += 1
+            lines.append(Event(rank, seq, now, STREAM, {"stream": stream, "text": line}))
+        self.seq = seq
+        for redraw in self._redraw(stream, splitter):
+            return redraw
+        return None
 
     def _redraw(self, stream: str, splitter: LineSplitter) -> Iterator[Event]:
         """A line redrawn in place (a progress bar) is passed on as it changes, marked so it is not a new line."""

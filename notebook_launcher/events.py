@@ -66,6 +66,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -117,6 +118,59 @@ class Event:
         if self.attachment:
             record["attachment_bytes"] = len(self.attachment)
         return record
+
+
+class EventList(Sequence):
+    """A list of events (``Run.events``) that keeps plain lines as tuples of plain values.
+
+    Python's cyclic collector tracks every Event and every tuple or dict that holds a dict: 100,000 lines kept as
+    Events made it walk them again and again while a flood arrived (half the kernel's time per line). A tuple of
+    strings and numbers is untracked at its first collection, so lines kept through ``extend_lines`` cost the
+    collector nothing; reading gives Events back (new objects, equal to those kept).
+    """
+
+    def __init__(self, events=()):
+        self._items: list = list(events)
+
+    def append(self, event: Event) -> None:
+        self._items.append(event)
+
+    def extend(self, events) -> None:
+        self._items.extend(events)
+
+    def extend_lines(self, events) -> None:
+        """Events without an attachment (stream lines and log records), kept as tuples: a stream line as
+        (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's items)."""
+        self._items.extend([
+            (event.rank, event.seq, event.time, event.data["stream"], event.data["text"])
+            if event.kind == STREAM and len(event.data) == 2 and type(event.data.get("text")) is str
+            else (event.rank, event.seq, event.time, event.kind, tuple(event.data.items())) for event in events])
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [_as_event(item) for item in self._items[index]]
+        return _as_event(self._items[index])
+
+    def __iter__(self):
+        return map(_as_event, self._items)
+
+    def __repr__(self) -> str:
+        return f"EventList({list(self)!r})"
+
+
+def _as_event(item) -> Event:
+    if type(item) is not tuple:
+        return item
+    rank, seq, when, name, rest = item
+    if type(rest) is str:
+        return Event(rank, seq, when, STREAM, {"stream": name, "text": rest})
+    return Event(rank, seq, when, name, dict(rest))
 
 
 def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"",

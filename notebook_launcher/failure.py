@@ -97,6 +97,19 @@ class FailureTracker:
                 # rank was last heard from, on the same clock as the workers' own failure records
                 self._failures[rank] = _exit_failure(event, self._last_seen.get(rank, event.time))
 
+    def observe_lines(self, lines: list[Event]) -> None:
+        """``observe`` for plain lines of one rank passed on together (``stream`` lines and ``log`` records)."""
+        rank = lines[0].rank
+        self._last_seen[rank] = lines[-1].time
+        stderr = []
+        for event in lines:
+            if event.kind == STREAM:
+                self._last_line[rank] = event.data["text"]
+                if event.data["stream"] == "stderr":
+                    stderr.append((event.seq, event.data["text"]))
+        if stderr:
+            self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).extend(stderr)
+
     def failures(self) -> dict[int, RankFailure]:
         """One entry per rank that raised, exited without finishing, or was killed (not by the launcher)."""
         for failure in self._failures.values():

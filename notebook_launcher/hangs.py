@@ -99,6 +99,12 @@ class StallWatch:
         elif self._capture is not None and event.kind == STREAM and event.data.get("stream") == "stderr":
             self._capture.setdefault(event.rank, []).append(str(event.data.get("text", "")))
 
+    def observe_lines(self, lines: list) -> None:
+        """``observe`` for plain lines passed on together: only stderr lines, while stacks are collected."""
+        if self._capture is not None:
+            for event in lines:
+                self.observe(event)
+
     def _read_progress(self, now: float) -> dict[int, dict]:
         records = self._hangs.read()
         for rank, record in records.items():

@@ -22,9 +22,10 @@ def in_order_id(event: Event) -> int | None:
 
 
 class InOrderRelease:
-    def __init__(self, ranks, show, stall_bound_s: float = STALL_BOUND_S):
+    def __init__(self, ranks, show, stall_bound_s: float = STALL_BOUND_S, show_lines=None):
         self._ranks = sorted(ranks)
         self._show = show
+        self._show_lines = show_lines
         self._bound = stall_bound_s
         self._queues: dict[int, deque] = {rank: deque() for rank in self._ranks}
         self._progress: dict[int, int] = {rank: 0 for rank in self._ranks}  # highest in_order id reported
@@ -56,6 +57,14 @@ class InOrderRelease:
         else:
             self._show(event)
         self.release()
+
+    def push_lines(self, lines: list[Event]) -> None:
+        """Plain lines of one rank (none in_order): shown together when nothing is held, else queued as usual."""
+        if self._held or self._show_lines is None:
+            for event in lines:
+                self.push(event)
+        else:
+            self._show_lines(lines)
 
     def release(self, everything: bool = False) -> None:
         """Show every group whose ranks have all answered (or stalled past the bound); ``everything`` at the end."""

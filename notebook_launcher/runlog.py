@@ -8,7 +8,7 @@ import re
 import shutil
 import time
 
-from .events import Event
+from .events import STREAM, Event
 
 
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
@@ -20,6 +20,7 @@ _encode = json.encoder.c_make_encoder(_markers, str, json.encoder.encode_basestr
                                       False, True) if json.encoder.c_make_encoder else json.JSONEncoder(
     default=str, separators=(",", ":")).iterencode
 _string = json.encoder.encode_basestring_ascii
+_STREAMS = {"stdout": '"stdout"', "stderr": '"stderr"'}
 
 
 def runs_root() -> str:
@@ -55,14 +56,26 @@ class RunLog:
         _prune(root, keep=KEEP_RUNS, current=self.run_id)
 
     def write(self, event: Event) -> None:
-        try:  # the line json.dumps(event.to_json()) gives, compact, without making the dict (once per line)
-            line = (f'{{"rank":{int(event.rank)},"seq":{int(event.seq)},"time":{_number(event.time)},'
-                    f'"kind":{_string(str(event.kind))},"data":{"".join(_encode(event.data, 0))}'
-                    + (f',"attachment_bytes":{len(event.attachment)}}}\n' if event.attachment else "}\n"))
-        except (TypeError, ValueError):  # data JSON cannot hold as it is (keys that are not strings, from a rank)
-            _markers.clear()
-            line = json.dumps(_plain(event.to_json()), default=str) + "\n"
-        self._events.write(line)
+        self._events.write(_line(event))
+        self._flush_now_and_then()
+
+    def write_lines(self, events: list[Event]) -> None:
+        """``write`` for plain lines read together (``RankDemux``): one write for all; a ``stream`` line, whose
+        data the kernel made itself, is written without the JSON encoder's walk over its data."""
+        lines, times = [], {}
+        for event in events:
+            data = event.data
+            if event.kind == STREAM and len(data) == 2 and (stream := _STREAMS.get(data.get("stream"))) \
+                    and type(text := data.get("text")) is str:  # the lines of one read share their time
+                when = times.get(event.time) or times.setdefault(event.time, _number(event.time))
+                lines.append(f'{{"rank":{int(event.rank)},"seq":{int(event.seq)},"time":{when},"kind":"stream",'
+                             f'"data":{{"stream":{stream},"text":{_string(text)}}}}}\n')
+            else:
+                lines.append(_line(event))
+        self._events.write("".join(lines))
+        self._flush_now_and_then()
+
+    def _flush_now_and_then(self) -> None:
         now = time.monotonic()
         if now - self._last_flush > self._FLUSH_EVERY_S:
             self._events.flush()
@@ -78,6 +91,17 @@ class RunLog:
     def close(self) -> None:
         if not self._events.closed:
             self._events.close()
+
+
+def _line(event: Event) -> str:
+    """The line json.dumps(event.to_json()) gives, compact, without making the dict (once per line)."""
+    try:
+        return (f'{{"rank":{int(event.rank)},"seq":{int(event.seq)},"time":{_number(event.time)},'
+                f'"kind":{_string(str(event.kind))},"data":{"".join(_encode(event.data, 0))}'
+                + (f',"attachment_bytes":{len(event.attachment)}}}\n' if event.attachment else "}\n"))
+    except (TypeError, ValueError):  # data JSON cannot hold as it is (keys that are not strings, from a rank)
+        _markers.clear()
+        return json.dumps(_plain(event.to_json()), default=str) + "\n"
 
 
 def _number(value) -> str:

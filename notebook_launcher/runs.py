@@ -13,6 +13,7 @@ from typing import Any
 
 from .balance import Balance, BalanceBook
 from .errors import RunNotFoundError
+from .events import EventList
 from .failure import RankFailure
 from .runlog import RUN_ID, runs_root
 
@@ -42,7 +43,7 @@ class Run:
     exit_codes: dict = dataclasses.field(default_factory=dict)
     failures: dict = dataclasses.field(default_factory=dict)
     root_cause: RankFailure | None = None
-    events: list = dataclasses.field(default_factory=list)
+    events: EventList = dataclasses.field(default_factory=EventList)  # a list; lines kept compact
     events_dropped: int = 0
     attempts: int = 0
     batch_sizes: dict = dataclasses.field(default_factory=dict)  # find_executable_batch_size: latest size per function

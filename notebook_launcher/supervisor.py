@@ -52,12 +52,14 @@ class SupervisorOutcome:
 class Supervisor:
     """Starts, watches and stops the workers of one launch attempt; ``run()`` once.
 
-    ``on_event`` receives every event (worker records, output lines, exits) in the order read; ``on_tick`` is
-    called after every wait of at most ``monitor_interval`` (for work that depends on time passing).
+    ``on_event`` receives every event (worker records, output lines, exits) in the order read, and
+    ``on_lines`` the plain lines that come together, as one list (see ``RankDemux``; by default each goes to
+    ``on_event``); ``on_tick`` is called after every wait of at most ``monitor_interval`` (for work that depends
+    on time passing).
     """
 
     def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1,
-                 progress_dir: str = ""):
+                 progress_dir: str = "", on_lines=None):
         self.plan = plan
         self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
         # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
@@ -65,6 +67,7 @@ class Supervisor:
         self._snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
         self.store_listen_fd = store_listen_fd
         self.on_event = on_event
+        self.on_lines = on_lines or self._each_line
         self.on_tick = on_tick or (lambda: None)
         self.spawn_payload_path = spawn_payload_path
         self._workers: list[WorkerProcess] = []
@@ -259,7 +262,7 @@ class Supervisor:
     def _read(self, worker: WorkerProcess, channel: str, fd: int) -> bool:
         """Read what one pipe has; False when it had nothing (or reached EOF and was closed)."""
         try:
-            chunk = os.read(fd, PIPE_SIZE)
+            chunk = os.read(fd, self._demux[worker.rank].read_size(channel, PIPE_SIZE))
         except BlockingIOError:
             return False
         self._deliver_all(self._demux[worker.rank].feed(channel, chunk))
@@ -290,7 +293,23 @@ class Supervisor:
     # -- events ----------------------------------------------------------------------------------------------
     def _deliver_all(self, events) -> None:
         for event in events:  # one at a time: each may stop the run before the next is made
-            self._deliver(event)
+            if type(event) is list:
+                self._deliver_lines(event)
+            else:
+                self._deliver(event)
+
+    def _each_line(self, lines: list[Event]) -> None:
+        for line in lines:
+            self.on_event(line)
+
+    def _deliver_lines(self, lines: list[Event]) -> None:
+        """Plain lines of one rank (``RankDemux``), passed on together: none of them can end the run."""
+        if self._muted:
+            return
+        self._stall.observe_lines(lines)
+        self.on_lines(lines)
+        if self._stop_at is not None and self._stop_reason is None and self._everyone_reported():
+            self._stop("failure")
 
     def _deliver(self, event: Event) -> None:
         if self._muted:

@@ -7,6 +7,11 @@ from notebook_launcher.events import (CORRUPT_EVENT_STREAM, FAILURE, LOG, OUTPUT
                                       encode_frame)
 
 
+def flat(items):
+    """What the demux yields, as events: its lists of plain lines opened."""
+    return [event for item in items for event in (item if type(item) is list else [item])]
+
+
 def lines(events, stream=None):
     return [e.data["text"] for e in events if e.kind == STREAM and not e.data.get("redraw")
             and (stream is None or e.data["stream"] == stream)]
@@ -15,12 +20,13 @@ def lines(events, stream=None):
 def test_frames_and_fd_output_become_numbered_events_of_the_pipes_rank():
     demux = RankDemux(rank=3)
     events = []
-    events += demux.feed("events", encode_frame(7, 1, LOG, {"message": "hello"})  # a header may claim any rank
-                         + encode_frame(3, 2, OUTPUT, {"stream": "stdout", "text": "printed in two wri"}))
-    events += demux.feed("events", encode_frame(3, 3, OUTPUT, {"stream": "stdout", "text": "tes\nand a last"}))
-    events += demux.feed("stderr", b"from C++\nno newline")
-    events += demux.feed("stderr", b"")  # the pipe's end: its last line even without a newline
-    events += demux.finish_python_lines()  # the rank exited: its last Python line too
+    first = encode_frame(7, 1, LOG, {"message": "hello"})  # a header may claim any rank
+    events += flat(demux.feed("events", first + encode_frame(3, 2, OUTPUT, {"stream": "stdout",
+                                                                           "text": "printed in two wri"})))
+    events += flat(demux.feed("events", encode_frame(3, 3, OUTPUT, {"stream": "stdout", "text": "tes\nand a last"})))
+    events += flat(demux.feed("stderr", b"from C++\nno newline"))
+    events += flat(demux.feed("stderr", b""))  # the pipe's end: its last line even without a newline
+    events += flat(demux.finish_python_lines())  # the rank exited: its last Python line too
     assert [e.rank for e in events] == [3] * len(events)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert demux.seq == len(events)
@@ -31,8 +37,8 @@ def test_frames_and_fd_output_become_numbered_events_of_the_pipes_rank():
 
 def test_a_line_redrawn_in_place_is_passed_on_as_a_redraw_then_as_its_last_state():
     demux = RankDemux(rank=0)
-    events = list(demux.feed("stdout", b" 10%\r 50%"))
-    events += demux.feed("stdout", b"\r100%\n")
+    events = flat(demux.feed("stdout", b" 10%\r 50%"))
+    events += flat(demux.feed("stdout", b"\r100%\n"))
     assert [(e.data["text"], e.data.get("redraw", False)) for e in events] == [(" 50%", True), ("100%", False)]
 
 
@@ -41,10 +47,10 @@ def test_a_corrupt_frame_is_one_failure_and_the_lines_before_it_are_kept():
     before = encode_frame(1, 1, OUTPUT, {"stream": "stdout", "text": "the last line before the garbage\n"})
     garbage = struct.pack(">II", 5, 0) + b"\xff\xfe\xfd\xfc\xfb"  # a header that is not marshal
     after = encode_frame(1, 2, OUTPUT, {"stream": "stdout", "text": "sent after it: lost\n"})
-    events = list(demux.feed("events", before + garbage + after))
-    events += demux.feed("events", after)  # the pipe is still read, and dropped
-    events += demux.feed("events", b"")
-    events += demux.feed("stdout", b"fd output is not lost\n")
+    events = flat(demux.feed("events", before + garbage + after))
+    events += flat(demux.feed("events", after))  # the pipe is still read, and dropped
+    events += flat(demux.feed("events", b""))
+    events += flat(demux.feed("stdout", b"fd output is not lost\n"))
     assert lines(events) == ["the last line before the garbage", "fd output is not lost"]
     failures = [e for e in events if e.kind == FAILURE]
     assert len(failures) == 1
@@ -56,8 +62,8 @@ def test_an_event_cut_short_at_the_pipes_end_is_a_truncated_event_failure():
     demux = RankDemux(rank=0)
     whole = encode_frame(0, 1, LOG, {"message": "complete"})
     cut = encode_frame(0, 2, LOG, {"message": "x" * 100})[:40]
-    events = list(demux.feed("events", whole + cut))
-    events += demux.feed("events", b"")
+    events = flat(demux.feed("events", whole + cut))
+    events += flat(demux.feed("events", b""))
     assert [e.kind for e in events] == [LOG, FAILURE]
     assert events[1].data["type"] == TRUNCATED_EVENT and events[1].data["message"].startswith("40 bytes of an unfinished event")
 
@@ -69,12 +75,30 @@ DUMP = (b'Current thread 0x00007f0000000001 (most recent call first):\n'
 
 def test_a_stack_dump_the_kernel_asked_for_is_marked_and_the_ranks_own_lines_are_not():
     demux = RankDemux(rank=0)
-    events = list(demux.feed("stderr", DUMP))  # not asked for: a rank may print such lines itself
+    events = flat(demux.feed("stderr", DUMP))  # not asked for: a rank may print such lines itself
     assert not [e for e in events if e.data.get("stack_dump")]
     demux.expect_stack_dump()
-    events = list(demux.feed("stderr", b"a warning first\n" + DUMP + b"the rank's own line after\n"))
+    events = flat(demux.feed("stderr", b"a warning first\n" + DUMP + b"the rank's own line after\n"))
     marked = [e.data["text"] for e in events if e.data.get("stack_dump")]
     assert marked == [line.decode() for line in DUMP.split(b"\n")[:-1]]
     assert [e.data["text"] for e in events if not e.data.get("stack_dump")] == ["a warning first",
                                                                               "the rank's own line after"]
-    assert not list(demux.feed("stderr", DUMP))[0].data.get("stack_dump")  # one dump per request
+    assert not flat(demux.feed("stderr", DUMP))[0].data.get("stack_dump")  # one dump per request
+
+
+def test_plain_lines_come_in_lists_and_anything_else_between_them_keeps_its_place():
+    from notebook_launcher.events import STATUS
+
+    demux = RankDemux(rank=2)
+    chunk = (encode_frame(2, 1, OUTPUT, {"stream": "stdout", "text": "one\ntwo\n"})
+             + encode_frame(2, 2, LOG, {"message": "a record"})
+             + encode_frame(2, 3, STATUS, {"state": "running"})  # not a line: passed on alone, in its place
+             + encode_frame(2, 4, LOG, {"message": "in order", "in_order": 1})  # held for rank order: alone
+             + encode_frame(2, 5, OUTPUT, {"stream": "stderr", "text": "three\n"}))
+    items = list(demux.feed("events", chunk))
+    shapes = [[e.kind for e in item] if type(item) is list else item.kind for item in items]
+    assert shapes == [[STREAM, STREAM, LOG], "status", LOG, [STREAM]]
+    assert [e.seq for e in flat(items)] == [1, 2, 3, 4, 5, 6]
+    fd_lines = list(demux.feed("stdout", b"from C\nand more\n"))
+    assert [[e.data["text"] for e in item] for item in fd_lines] == [["from C", "and more"]]
+    assert [e.seq for e in fd_lines[0]] == [7, 8]

@@ -97,6 +97,13 @@ class PanelDisplay(FinishingDisplay):
         self.state.observe(event)
         self.tick()
 
+    def show_lines(self, events: list[Event]) -> None:
+        """``show`` for plain lines read together: folded in one after the other, then one tick."""
+        observe = self.state.observe
+        for event in events:
+            observe(event)
+        self.tick()
+
     def note(self, text: str) -> None:
         self.state.note(text)
         self.tick()

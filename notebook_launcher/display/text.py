@@ -50,6 +50,31 @@ class TextDisplay(Display):
         text = f"{prefix}{lines[0]}\n" if len(lines) == 1 else "".join(f"{prefix}{line}\n" for line in lines)
         self._write("stderr" if said.kind in STDERR_KINDS else "stdout", text)
 
+    def show_lines(self, events: list[Event]) -> None:
+        """``show`` for plain lines read together: each stream's lines in one write."""
+        parts: list[str] = []
+        target = self._last_stream
+        for event in events:
+            data = event.data
+            prefix = self._prefixes.get(event.rank) or self.prefix(event.rank)
+            if event.kind == STREAM and len(data) == 2:  # {"stream", "text"}: nearly every line
+                stream, text = data.get("stream"), f"{prefix}{data.get('text')}\n"
+                if stream != "stderr":
+                    stream = "stdout"
+            else:
+                said = None if data.get("redraw") else describe(event.kind, data, event.rank)
+                if said is None or not said.said:
+                    continue
+                stream = "stderr" if said.kind in STDERR_KINDS else "stdout"
+                text = "".join(f"{prefix}{line}\n" for line in said.said)
+            if stream != target and parts:
+                self._write(target, "".join(parts))
+                parts = []
+            target = stream
+            parts.append(text)
+        if parts:
+            self._write(target, "".join(parts))
+
     def _write(self, stream: str, text: str) -> None:
         """Write to the kernel's stdout or stderr, flushing the other one first so the two keep their order."""
         if stream != self._last_stream:

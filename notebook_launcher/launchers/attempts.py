@@ -43,7 +43,8 @@ class Attempts:
         for results in (self.run.results, self.run.results_left_out, self.run.results_unavailable):
             results.clear()  # what an earlier, failed attempt returned is not this attempt's
         self.tracker = FailureTracker()
-        self.in_order = InOrderRelease(list(ranks), self.display.show)
+        self.in_order = InOrderRelease(list(ranks), self.display.show,
+                                       show_lines=getattr(self.display, "show_lines", None))
         self.run.balance_book.clear()
         self.run.status = "running"
 
@@ -77,6 +78,20 @@ class Attempts:
             run.exit_codes[event.rank] = event.data.get("exit_code")
         elif event.kind == BALANCE:
             run.balance_book.observe(event.rank, event.data)
+
+    def on_lines(self, lines: list[Event]) -> None:
+        """``on_event`` for plain lines of one rank read together (``stream`` lines and ``log`` records without
+        in_order, see ``RankDemux``): each stage takes the whole list at once."""
+        run = self.run
+        room = MAX_EVENTS_IN_MEMORY - len(run.events)
+        if room >= len(lines):
+            run.events.extend_lines(lines)
+        else:
+            run.events.extend_lines(lines[:max(0, room)])
+            run.events_dropped += len(lines) - max(0, room)  # output lines beyond the cap are in the run log only
+        self.log.write_lines(lines)
+        self.tracker.observe_lines(lines)
+        self.in_order.push_lines(lines)
 
     def _receive_result(self, event: Event) -> None:
         if event.data.get("kept") is False:

@@ -43,7 +43,7 @@ class LocalLauncher:
             attempts.begin(plan.global_rank(local) for local in range(plan.num_processes))
             supervisor = Supervisor(plan, attempts.on_event, payload_path, on_tick=attempts.tick,
                                     store_listen_fd=reservation.fileno() if reservation else -1,
-                                    progress_dir=run.run_dir)
+                                    progress_dir=run.run_dir, on_lines=attempts.on_lines)
             try:  # once started, rank 0 has its own copy of the listening socket; run() ends every worker itself
                 outcome = supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
             finally:
