@@ -256,6 +256,8 @@ class LineSplitter:
 
         Older redraws are dropped, so a bar that runs for hours costs one line of memory, and the line that
         finally ends with a newline is only its last state (what a terminal shows)."""
+        if not self._partial:
+            return None
         cut = self._partial.rfind(b"\r")
         if cut < 0 or cut == len(self._partial) - 1:
             return None  # no redraw, or a line ending in \r whose \n may come in the next read (CRLF)

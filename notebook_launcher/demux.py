@@ -140,9 +140,8 @@ class RankDemux:
             seq += 1
             lines.append(Event(rank, seq, now, STREAM, {"stream": stream, "text": line}))
         self.seq = seq
-        for redraw in self._redraw(stream, splitter):
-            return redraw
-        return None
+        latest = splitter.redraw()
+        return None if latest is None else self.event(STREAM, {"stream": stream, "text": latest, "redraw": True})
 
     def _redraw(self, stream: str, splitter: LineSplitter) -> Iterator[Event]:
         """A line redrawn in place (a progress bar) is passed on as it changes, marked so it is not a new line."""

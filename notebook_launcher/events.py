@@ -139,12 +139,17 @@ class EventList(Sequence):
         self._items.extend(events)
 
     def extend_lines(self, events) -> None:
-        """Events without an attachment (stream lines and log records), kept as tuples: a stream line as
-        (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's items)."""
+        """Events without an attachment (stream lines and log records), kept as flat tuples: a stream line as
+        (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's keys, their values),
+        the keys' tuple shared by every record that has the same keys."""
+        keys = _SHARED_KEYS
         self._items.extend([
             (event.rank, event.seq, event.time, event.data["stream"], event.data["text"])
             if event.kind == STREAM and len(event.data) == 2 and type(event.data.get("text")) is str
-            else (event.rank, event.seq, event.time, event.kind, tuple(event.data.items())) for event in events])
+            else (event.rank, event.seq, event.time, event.kind, keys.setdefault(tuple(event.data), tuple(event.data)),
+                  tuple(event.data.values())) for event in events])
+        if len(keys) > 1000:
+            keys.clear()
 
     def clear(self) -> None:
         self._items.clear()
@@ -164,13 +169,17 @@ class EventList(Sequence):
         return f"EventList({list(self)!r})"
 
 
+_SHARED_KEYS: dict = {}  # the keys' tuple of each shape of data kept by EventList.extend_lines
+
+
 def _as_event(item) -> Event:
     if type(item) is not tuple:
         return item
-    rank, seq, when, name, rest = item
-    if type(rest) is str:
-        return Event(rank, seq, when, STREAM, {"stream": name, "text": rest})
-    return Event(rank, seq, when, name, dict(rest))
+    if len(item) == 5:
+        rank, seq, when, stream, text = item
+        return Event(rank, seq, when, STREAM, {"stream": stream, "text": text})
+    rank, seq, when, kind, keys, values = item
+    return Event(rank, seq, when, kind, dict(zip(keys, values)))
 
 
 def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"",

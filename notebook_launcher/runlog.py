@@ -62,14 +62,17 @@ class RunLog:
     def write_lines(self, events: list[Event]) -> None:
         """``write`` for plain lines read together (``RankDemux``): one write for all; a ``stream`` line, whose
         data the kernel made itself, is written without the JSON encoder's walk over its data."""
-        lines, times = [], {}
+        lines = []
+        rank = when = stream = head = None
         for event in events:
             data = event.data
-            if event.kind == STREAM and len(data) == 2 and (stream := _STREAMS.get(data.get("stream"))) \
-                    and type(text := data.get("text")) is str:  # the lines of one read share their time
-                when = times.get(event.time) or times.setdefault(event.time, _number(event.time))
-                lines.append(f'{{"rank":{int(event.rank)},"seq":{int(event.seq)},"time":{when},"kind":"stream",'
-                             f'"data":{{"stream":{stream},"text":{_string(text)}}}}}\n')
+            if event.kind == STREAM and len(data) == 2 and type(text := data.get("text")) is str \
+                    and type(event.seq) is int and data.get("stream") in _STREAMS:
+                if event.rank != rank or event.time != when or data["stream"] != stream:
+                    rank, when, stream = event.rank, event.time, data["stream"]  # (one read's lines share these)
+                    head = (f'{{"rank":{int(rank)},"seq":', f',"time":{_number(when)},"kind":"stream","data":'
+                            f'{{"stream":{_STREAMS[stream]},"text":')
+                lines.append(f'{head[0]}{event.seq}{head[1]}{_string(text)}}}}}\n')
             else:
                 lines.append(_line(event))
         self._events.write("".join(lines))

@@ -70,6 +70,7 @@ def mismatch_then_oom_then_finish():
         dist.all_gather_into_tensor(torch.empty(8), torch.ones(4 if rank == 0 else 2))
     except DistributedOperationException:
         print("caught the shape mismatch")
+    dist.barrier()  # rank 0 sends the mismatch as it raises: rank 1's failure below must not stop it first
 
     @find_executable_batch_size(starting_batch_size=64)
     def train(batch_size):

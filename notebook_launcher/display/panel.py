@@ -98,10 +98,8 @@ class PanelDisplay(FinishingDisplay):
         self.tick()
 
     def show_lines(self, events: list[Event]) -> None:
-        """``show`` for plain lines read together: folded in one after the other, then one tick."""
-        observe = self.state.observe
-        for event in events:
-            observe(event)
+        """``show`` for plain lines read together: folded in together, then one tick."""
+        self.state.observe_lines(events)
         self.tick()
 
     def note(self, text: str) -> None:

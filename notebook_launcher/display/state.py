@@ -103,6 +103,22 @@ class RunState:
             handler(self, event)
             self.changes += 1
 
+    def observe_lines(self, events: list[Event]) -> None:
+        """``observe`` for plain lines read together; a plain stream line (not a tqdm bar) is added in place."""
+        started, ranks = self._started, self.ranks
+        for event in events:
+            data = event.data
+            text = data.get("text")
+            if event.kind != STREAM or len(data) != 2 or type(text) is not str or "|" in text:
+                self.observe(event)
+                continue
+            rank = ranks.get(event.rank) or self._rank(event)
+            self._line_count += 1
+            rank.lines_total += 1
+            rank.lines.append({"n": self._line_count, "t": round(max(0.0, event.time - started), 3),
+                               "kind": data["stream"], "text": text[:MAX_TEXT]})
+            self.changes += 1
+
     def set_ranks(self, ranks) -> None:
         """This node's global ranks, once a rendezvous has assigned them; columns of other ranks go."""
         ranks = list(ranks)

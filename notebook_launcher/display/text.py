@@ -10,8 +10,8 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import FAILURE, STREAM, Event
-from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line
+from ..events import FAILURE, LOG, STREAM, Event
+from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 
 
@@ -61,6 +61,8 @@ class TextDisplay(Display):
                 stream, text = data.get("stream"), f"{prefix}{data.get('text')}\n"
                 if stream != "stderr":
                     stream = "stdout"
+            elif event.kind == LOG and (line := _one_line_record(data)):  # describe's, without its Description
+                stream, text = "stdout", f"{prefix}{line}\n"
             else:
                 said = None if data.get("redraw") else describe(event.kind, data, event.rank)
                 if said is None or not said.said:
@@ -94,3 +96,12 @@ class TextDisplay(Display):
     def note(text: str) -> None:
         sys.stdout.write(f"{launcher_line(text)}\n")
         sys.stdout.flush()
+
+
+def _one_line_record(data: dict) -> str:
+    """The line ``describe`` makes of a log record that is one printable line (no exception text or stack), or
+    "" for any other record."""
+    if "message" not in data or type(data.get("level")) is not str or data.get("exc_text") or data.get("stack"):
+        return ""
+    line = log_line(data["level"], data.get("logger"), data["message"])
+    return line if line.isprintable() else ""

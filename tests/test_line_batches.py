@@ -1,0 +1,128 @@
+"""Plain lines travel through the kernel in lists (``RankDemux`` → run log, Run.events, failure tracker, displays):
+every stage must do with a list exactly what it does with the same events one by one."""
+
+import gc
+import io
+import json
+import random
+import sys
+
+from notebook_launcher.display.state import RunState
+from notebook_launcher.display.text import TextDisplay
+from notebook_launcher.events import LOG, STREAM, Event, EventList
+from notebook_launcher.failure import FailureTracker
+from notebook_launcher.runlog import RunLog
+
+TEXTS = ["plain", "", "with \"quotes\" and \\ backslash", "tab\there", "é ünïcode ✓ 中文", "\x1b[31mred\x1b[0m",
+         "a | pipe", "x" * 3000, "line\u2028separator", "nul \x00 byte"]
+
+
+def random_lines(seed: int, count: int = 400) -> list[Event]:
+    """Lines of two ranks as the demux makes them: stream lines that share a read's time, and log records."""
+    rng = random.Random(seed)
+    events, seq = [], {0: 0, 1: 0}
+    when = 100.0
+    for _ in range(count):
+        rank = rng.choice((0, 1))
+        seq[rank] += 1
+        if rng.random() < 0.2:
+            when += rng.random()
+        if rng.random() < 0.3:
+            data = {"level": rng.choice(("INFO", "WARNING", "")), "levelno": 20, "logger": rng.choice(("train", "a.b")),
+                    "message": rng.choice(TEXTS + ["two\nlines"]), "file": "/x.py", "line": 3, "function": "f",
+                    "created": 1.7e9 + rng.random(), "worker_seq": seq[rank]}
+            if rng.random() < 0.2:
+                data["exc_text"] = "Traceback (most recent call last):\n  boom"
+            events.append(Event(rank, seq[rank], when + rng.random(), LOG, data))
+        else:
+            events.append(Event(rank, seq[rank], when, STREAM,
+                                {"stream": rng.choice(("stdout", "stderr")), "text": rng.choice(TEXTS)}))
+    return events
+
+
+def test_the_run_log_writes_a_list_of_lines_as_it_writes_each_one(runs_dir):
+    events = random_lines(1)
+    one_by_one, together = RunLog(str(runs_dir)), RunLog(str(runs_dir))
+    for event in events:
+        one_by_one.write(event)
+    for start in range(0, len(events), 37):
+        together.write_lines(events[start:start + 37])
+    one_by_one.close()
+    together.close()
+    with open(one_by_one.file("events.jsonl"), encoding="utf-8") as first, \
+            open(together.file("events.jsonl"), encoding="utf-8") as second:
+        written = [json.loads(line) for line in second]
+        assert written == [json.loads(line) for line in first]
+    assert written == [json.loads(json.dumps(event.to_json())) for event in events]
+
+
+def test_run_events_give_back_the_lines_kept_and_the_collector_does_not_track_them():
+    events = random_lines(2)
+    kept = EventList()
+    kept.append(Event(0, 0, 1.0, "status", {"state": "running"}))
+    kept.extend_lines(events)
+    assert list(kept) == [Event(0, 0, 1.0, "status", {"state": "running"}), *events]
+    assert kept[1] == events[0] and kept[-1] == events[-1] and kept[1:3] == events[:2] and len(kept) == 401
+    gc.collect()
+    tracked = sum(gc.is_tracked(item) for item in kept._items[1:])
+    assert tracked == 0  # strings and numbers only: the collector has nothing to walk
+
+
+def test_the_text_display_prints_a_list_of_lines_as_it_prints_each_one(monkeypatch):
+    events = random_lines(3)
+    outputs = []
+    for feed in ("one by one", "together"):
+        out, err, merged = io.StringIO(), io.StringIO(), []
+        monkeypatch.setattr(sys, "stdout", Tee(out, merged, "out"))
+        monkeypatch.setattr(sys, "stderr", Tee(err, merged, "err"))
+        display = TextDisplay("[rank ${rank}] ")
+        if feed == "one by one":
+            for event in events:
+                display.show(event)
+        else:
+            for start in range(0, len(events), 50):
+                display.show_lines(events[start:start + 50])
+        outputs.append((out.getvalue(), err.getvalue(), [stream for stream, _ in merged]))
+        monkeypatch.undo()
+    assert outputs[0][:2] == outputs[1][:2]
+    assert "[rank 0] plain\n" in outputs[0][0] + outputs[0][1]
+    assert _runs(outputs[0][2]) == _runs(outputs[1][2])  # stdout and stderr take their turns as before
+
+
+def test_the_panel_state_folds_a_list_of_lines_as_it_folds_each_one():
+    events = random_lines(4)
+    states = [RunState("run", "/tmp/run", "cpu", "gloo", "fork", 2, 2, [0, 1]) for _ in range(2)]
+    states[1]._started = states[0]._started
+    for event in events:
+        states[0].observe(event)
+    states[1].observe_lines(events)
+    assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
+    assert states[1].changes == states[0].changes
+
+
+def test_the_failure_tracker_keeps_the_same_context_from_a_list_of_lines():
+    events = random_lines(5)
+    trackers = [FailureTracker(), FailureTracker()]
+    for event in events:
+        trackers[0].observe(event)
+    for rank in (0, 1):
+        trackers[1].observe_lines([event for event in events if event.rank == rank])
+    failure = Event(1, 999, 200.0, "failure", {"type": "ValueError", "message": "boom", "traceback": ""})
+    for tracker in trackers:
+        tracker.observe(failure)
+    assert trackers[1].failures()[1].last_stderr == trackers[0].failures()[1].last_stderr
+    assert trackers[1]._last_line == trackers[0]._last_line
+
+
+class Tee(io.TextIOBase):
+    def __init__(self, target, merged, name):
+        self.target, self.merged, self.name = target, merged, name
+
+    def write(self, text):
+        self.merged.append((self.name, text))
+        return self.target.write(text)
+
+
+def _runs(streams):
+    """The order of turns between stdout and stderr (consecutive writes to one stream are one turn)."""
+    return [stream for index, stream in enumerate(streams) if index == 0 or streams[index - 1] != stream]
