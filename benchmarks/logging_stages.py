@@ -24,11 +24,12 @@ from notebook_launcher import logging as nl_logging
 from notebook_launcher.demux import RankDemux
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import LOG, OUTPUT, EventWriter, encode_frame
+from notebook_launcher.events import LOG, OUTPUT, EventList, EventWriter, encode_frame
 from notebook_launcher.ordering import InOrderRelease
 from notebook_launcher.runlog import RunLog
 
 N = 20_000
+BATCH = 200  # lines passed on together: about what one 32 KB read of a flood holds (130 log lines, 360 prints)
 RESULTS = os.path.join(HERE, "results", "logging_stages.json")
 
 
@@ -111,7 +112,8 @@ def kernel_side(directory: str) -> dict:
     frames = b"".join(encode_frame(0, i, LOG, {**data, "message": f"line {i} of rank 0"}) for i in range(N))
     prints = b"".join(encode_frame(0, i, OUTPUT, {"stream": "stdout", "text": f"line {i} of rank 0\n"})
                       for i in range(N))
-    events = list(RankDemux(0).feed("events", frames))
+    events = [event for item in RankDemux(0).feed("events", frames) for event in item]  # (lists of lines)
+    print_events = [event for item in RankDemux(0).feed("events", prints) for event in item]
     run_log = RunLog(os.path.join(directory, "runs"))
     text = TextDisplay("[rank ${rank}] ")
     order = InOrderRelease([0, 1], lambda event: None)
@@ -123,14 +125,29 @@ def kernel_side(directory: str) -> dict:
             for event in events:
                 text.show(event)
 
+    def show_lines(lines):
+        with contextlib.redirect_stdout(sink):
+            for start in range(0, len(lines), BATCH):
+                text.show_lines(lines[start:start + BATCH])
+
+    def together(stage, lines):
+        return lambda: [stage(lines[start:start + BATCH]) for start in range(0, len(lines), BATCH)]
+
     try:
         return {
             "decode frames into log events (RankDemux.feed)": per_line(lambda: list(RankDemux(0).feed("events", frames))),
             "decode print frames into stream events": per_line(lambda: list(RankDemux(0).feed("events", prints))),
-            "run log line (RunLog.write)": per_line(lambda: [run_log.write(event) for event in events]),
+            "run log line, one by one (RunLog.write)": per_line(lambda: [run_log.write(event) for event in events]),
+            "run log, log lines together (RunLog.write_lines)": per_line(together(run_log.write_lines, events)),
+            "run log, print lines together": per_line(together(run_log.write_lines, print_events)),
+            "Run.events, lines kept (EventList.extend_lines)": per_line(together(EventList().extend_lines, events)),
             "in-order buffer (InOrderRelease.push)": per_line(lambda: [order.push(event) for event in events]),
-            "text display (TextDisplay.show, to a StringIO)": per_line(show),
-            "panel state (RunState.observe)": per_line(lambda: [state.observe(event) for event in events]),
+            "text display, one by one (TextDisplay.show, to a StringIO)": per_line(show),
+            "text display, log lines together (show_lines)": per_line(lambda: show_lines(events)),
+            "text display, print lines together": per_line(lambda: show_lines(print_events)),
+            "panel state, one by one (RunState.observe)": per_line(lambda: [state.observe(event) for event in events]),
+            "panel state, print lines together (observe_lines)": per_line(together(state.observe_lines,
+                                                                                   print_events)),
         }
     finally:
         run_log.close()

@@ -176,9 +176,14 @@ _HEADER_TYPES = {"rank": int, "seq": int, "kind": str, "data": dict}
 
 
 def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None:
-    """What the kernel relies on in a header: a dict with an int rank and seq, a number time, a str kind, a
-    dict of data; an attachment only where the schema has one (a result, of the size it says); no kind that only
-    the kernel makes."""
+    """What the kernel relies on in a header: a text frame's (stream, text), or a dict with an int rank and seq, a
+    number time, a str kind, a dict of data; an attachment only where the schema has one (a result, of the size
+    it says); no kind that only the kernel makes."""
+    if type(header) is tuple:  # a text frame: (0 | 1, text)
+        if len(header) != 2 or type(header[0]) is not int or not 0 <= header[0] <= 1 or type(header[1]) is not str \
+                or attachment_len:
+            raise CorruptFrame("a text frame that is not (0 or 1, text) without an attachment")
+        return
     if type(header) is not dict:  # (marshal makes exact types: a bool is never an int here)
         raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")
     get = header.get

@@ -13,7 +13,8 @@ import time
 from typing import Iterator
 
 from .decoding import FrameDecoder, LineSplitter, event_from_frame
-from .events import CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, OUTPUT, STREAM, TRUNCATED_EVENT, Event
+from .events import (CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, OUTPUT, STREAM, TEXT_STREAMS,
+                     TRUNCATED_EVENT, Event)
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
@@ -56,16 +57,17 @@ class RankDemux:
         lines: list[Event] = []  # the plain lines of the frames so far, passed on together (see the class)
         now = time.monotonic()  # (every line cut from this chunk was read at this moment)
         for header, attachment in decoder.feed(chunk):
-            kind = header["kind"]
-            if kind == OUTPUT:
-                stray = self._output_lines(header["data"], lines, now)
+            if type(header) is tuple or header["kind"] == OUTPUT:  # a text frame (0 | 1, text), or an output event
+                stream, text = (TEXT_STREAMS[header[0]], header[1]) if type(header) is tuple else (
+                    "stderr" if header["data"].get("stream") == "stderr" else "stdout", str(header["data"].get("text", "")))
+                stray = self._output_lines(stream, text, lines, now)
                 if stray is None:
                     continue
                 if lines:
                     yield lines
                     lines = []
                 yield stray
-            elif kind == LOG and "in_order" not in header["data"]:
+            elif header["kind"] == LOG and "in_order" not in header["data"]:
                 self.seq += 1
                 header["rank"] = rank  # the pipe says who wrote it
                 lines.append(event_from_frame(header, attachment, self.seq))
@@ -130,13 +132,12 @@ class RankDemux:
             self._dump = None  # the dump is over: later lines are the rank's own
         return False
 
-    def _output_lines(self, data: dict, lines: list, now: float) -> Event | None:
+    def _output_lines(self, stream: str, text: str, lines: list, now: float) -> Event | None:
         """Python-level text, cut into lines appended to ``lines`` as ``stream`` events; the redrawn state of an
         unfinished line (a progress bar), which is not a plain line, is returned."""
-        stream = "stderr" if data.get("stream") == "stderr" else "stdout"
         splitter = self._python_lines.get(stream) or self._python_lines.setdefault(stream, LineSplitter())
         rank, seq = self.rank, self.seq
-        for line in splitter.feed_text(str(data.get("text", ""))):
+        for line in splitter.feed_text(text):
             seq += 1
             lines.append(Event(rank, seq, now, STREAM, {"stream": stream, "text": line}))
         self.seq = seq

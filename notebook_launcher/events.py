@@ -21,7 +21,9 @@ Kinds of events
              from ``output`` events, and from the worker's fd 1/2 pipes, so C/C++ output arrives too); with
              ``"redraw": True`` it is the newest state of a line still being redrawn with ``\r`` (a tqdm bar)
 ``output``   data: ``{"stream", "text"}``: a piece of text the worker's Python code wrote to sys.stdout/stderr
-             (on the event channel, so it keeps its order with log records; the kernel cuts it into lines)
+             (on the event channel, so it keeps its order with log records; the kernel cuts it into lines).
+             A worker sends it as a *text frame*, whose header is only the tuple ``(0 | 1, text)``
+             (``TEXT_STREAMS``: stdout, stderr), without rank, seq, time or kind (``EventWriter.emit_text``)
 ``result``   data: ``{"type": <type name>, "bytes": <size>, "attachment_bytes", "pickle_bytes", "storages": [sizes]}``;
              attachment: the pickle, then the raw bytes of each tensor storage (``results.py``); or, for a value
              not sent, ``{"type", "kept": False, "reason"}`` and no attachment
@@ -73,6 +75,8 @@ SCHEMA_VERSION = 1
 TRUE_VALUES = ("1", "true", "yes", "on", "y", "t")  # how Accelerate reads a flag such as ACCELERATE_DEBUG_MODE
 FRAME_HEADER = struct.Struct(">II")
 MARSHAL_VERSION = 2  # no back-references: a fifth faster to read than the default (4), the same to write
+
+TEXT_STREAMS = ("stdout", "stderr")  # a text frame's header is (0 or 1, text): an ``output`` event's stream, text
 
 STATUS = "status"
 STREAM = "stream"
@@ -234,6 +238,20 @@ class EventWriter:
                 frame = _shrink_to_pipe_buf(self.rank, seq, kind, data or {})
             written = os.write(self.fd, frame)
             if written < len(frame):  # a pipe takes a small frame whole; a large one perhaps in parts
+                write_all(self.fd, memoryview(frame)[written:])
+
+    def emit_text(self, stream: int, text: str) -> None:
+        """An ``output`` event as a text frame: its header is only ``(stream, text)`` (``TEXT_STREAMS``), which
+        costs both ends a third of the event's dict (the kernel times and numbers the lines it cuts from it)."""
+        with self._lock:
+            header = marshal.dumps((stream, text), MARSHAL_VERSION)
+            frame = FRAME_HEADER.pack(len(header), 0) + header
+            if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
+                self._seq += 1
+                frame = _shrink_to_pipe_buf(self.rank, self._seq, OUTPUT, {"stream": TEXT_STREAMS[stream],
+                                                                            "text": text})
+            written = os.write(self.fd, frame)
+            if written < len(frame):
                 write_all(self.fd, memoryview(frame)[written:])
 
     def emit_parts(self, kind: str, data: dict, parts: list) -> None:

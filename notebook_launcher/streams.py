@@ -9,7 +9,7 @@ import functools
 import io
 import sys
 
-from .events import OUTPUT, EventWriter, write_all
+from .events import EventWriter, write_all
 
 _OUTPUT_EVENT_CHARS = 1 << 20  # a longer write travels as several events (the kernel joins them into lines)
 
@@ -27,7 +27,7 @@ class FdTextStream(io.TextIOBase):
         self._fd = fd
         self._name = name
         self._channel = channel
-        self._stream = "stderr" if fd == 2 else "stdout"
+        self._stream = 1 if fd == 2 else 0  # (events.TEXT_STREAMS)
         self.buffer = _FdBinaryStream(fd)
 
     @property
@@ -47,7 +47,7 @@ class FdTextStream(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if self._channel is not None:
             for start in range(0, len(text), _OUTPUT_EVENT_CHARS):  # one event for any ordinary write
-                self._channel.emit(OUTPUT, {"stream": self._stream, "text": text[start:start + _OUTPUT_EVENT_CHARS]})
+                self._channel.emit_text(self._stream, text[start:start + _OUTPUT_EVENT_CHARS])
         else:
             write_all(self._fd, text.encode("utf-8", "backslashreplace"))
         return len(text)

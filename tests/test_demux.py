@@ -102,3 +102,22 @@ def test_plain_lines_come_in_lists_and_anything_else_between_them_keeps_its_plac
     fd_lines = list(demux.feed("stdout", b"from C\nand more\n"))
     assert [[e.data["text"] for e in item] for item in fd_lines] == [["from C", "and more"]]
     assert [e.seq for e in fd_lines[0]] == [7, 8]
+
+
+def text_frame(header) -> bytes:
+    import marshal
+
+    payload = marshal.dumps(header, 2)
+    return struct.pack(">II", len(payload), 0) + payload
+
+
+def test_a_text_frame_is_a_print_and_a_malformed_one_is_a_corrupt_stream():
+    demux = RankDemux(rank=1)
+    events = flat(demux.feed("events", text_frame((0, "printed\nand more\n")) + text_frame((1, "to stderr\n"))))
+    assert [(e.data["stream"], e.data["text"]) for e in events] == [
+        ("stdout", "printed"), ("stdout", "and more"), ("stderr", "to stderr")]
+    for bad in ((2, "no such stream"), (0, b"bytes"), (0,), (0, "x", 1), (True, "a bool is no stream"), [0, "x"]):
+        demux = RankDemux(rank=1)
+        events = flat(demux.feed("events", text_frame((0, "before\n")) + text_frame(bad)))
+        assert lines(events) == ["before"], bad
+        assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], bad
