@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import marshal
 
-from .events import FRAME_HEADER, RESULT, Event
+from .events import FRAME_HEADER, LOG_FRAME, RESULT, Event
 
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
@@ -179,10 +179,12 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
     """What the kernel relies on in a header: a text frame's (stream, text), or a dict with an int rank and seq, a
     number time, a str kind, a dict of data; an attachment only where the schema has one (a result, of the size
     it says); no kind that only the kernel makes."""
-    if type(header) is tuple:  # a text frame: (0 | 1, text)
-        if len(header) != 2 or type(header[0]) is not int or not 0 <= header[0] <= 1 or type(header[1]) is not str \
-                or attachment_len:
-            raise CorruptFrame("a text frame that is not (0 or 1, text) without an attachment")
+    if type(header) is tuple:  # a compact frame: (0 | 1, text) or (LOG_FRAME, seq, time, data)
+        if attachment_len or not (
+                len(header) == 2 and type(header[0]) is int and 0 <= header[0] <= 1 and type(header[1]) is str
+                or len(header) == 4 and header[0] == LOG_FRAME and type(header[0]) is int
+                and type(header[1]) is int and type(header[2]) in (float, int) and type(header[3]) is dict):
+            raise CorruptFrame("a compact frame that is neither (0 or 1, text) nor (2, seq, time, data)")
         return
     if type(header) is not dict:  # (marshal makes exact types: a bool is never an int here)
         raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")

@@ -23,7 +23,8 @@ Kinds of events
 ``output``   data: ``{"stream", "text"}``: a piece of text the worker's Python code wrote to sys.stdout/stderr
              (on the event channel, so it keeps its order with log records; the kernel cuts it into lines).
              A worker sends it as a *text frame*, whose header is only the tuple ``(0 | 1, text)``
-             (``TEXT_STREAMS``: stdout, stderr), without rank, seq, time or kind (``EventWriter.emit_text``)
+             (``TEXT_STREAMS``: stdout, stderr), without rank, seq, time or kind (``EventWriter.emit_text``);
+             likewise a ``log`` record of ``get_logger`` as ``(LOG_FRAME, seq, time, data)`` (``emit_log``)
 ``result``   data: ``{"type": <type name>, "bytes": <size>, "attachment_bytes", "pickle_bytes", "storages": [sizes]}``;
              attachment: the pickle, then the raw bytes of each tensor storage (``results.py``); or, for a value
              not sent, ``{"type", "kept": False, "reason"}`` and no attachment
@@ -76,7 +77,10 @@ TRUE_VALUES = ("1", "true", "yes", "on", "y", "t")  # how Accelerate reads a fla
 FRAME_HEADER = struct.Struct(">II")
 MARSHAL_VERSION = 2  # no back-references: a fifth faster to read than the default (4), the same to write
 
-TEXT_STREAMS = ("stdout", "stderr")  # a text frame's header is (0 or 1, text): an ``output`` event's stream, text
+# compact frames, whose header is a tuple: (0 | 1, text) is an ``output`` event (its stream: TEXT_STREAMS[0 | 1]),
+# (LOG_FRAME, seq, time, data) a ``log`` event (the rank is the pipe's; the kernel numbers and times text lines)
+TEXT_STREAMS = ("stdout", "stderr")
+LOG_FRAME = 2
 
 STATUS = "status"
 STREAM = "stream"
@@ -144,14 +148,14 @@ class EventList(Sequence):
 
     def extend_lines(self, events) -> None:
         """Events without an attachment (stream lines and log records), kept as flat tuples: a stream line as
-        (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's keys, their values),
+        (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's keys, *their values),
         the keys' tuple shared by every record that has the same keys."""
         keys = _SHARED_KEYS
         self._items.extend([
             (event.rank, event.seq, event.time, event.data["stream"], event.data["text"])
             if event.kind == STREAM and len(event.data) == 2 and type(event.data.get("text")) is str
             else (event.rank, event.seq, event.time, event.kind, keys.setdefault(tuple(event.data), tuple(event.data)),
-                  tuple(event.data.values())) for event in events])
+                  *event.data.values()) for event in events])
         if len(keys) > 1000:
             keys.clear()
 
@@ -179,10 +183,10 @@ _SHARED_KEYS: dict = {}  # the keys' tuple of each shape of data kept by EventLi
 def _as_event(item) -> Event:
     if type(item) is not tuple:
         return item
-    if len(item) == 5:
+    if type(item[4]) is str:
         rank, seq, when, stream, text = item
         return Event(rank, seq, when, STREAM, {"stream": stream, "text": text})
-    rank, seq, when, kind, keys, values = item
+    rank, seq, when, kind, keys, *values = item
     return Event(rank, seq, when, kind, dict(zip(keys, values)))
 
 
@@ -238,6 +242,18 @@ class EventWriter:
                 frame = _shrink_to_pipe_buf(self.rank, seq, kind, data or {})
             written = os.write(self.fd, frame)
             if written < len(frame):  # a pipe takes a small frame whole; a large one perhaps in parts
+                write_all(self.fd, memoryview(frame)[written:])
+
+    def emit_log(self, data: dict) -> None:
+        """A ``log`` event as a log frame: its header is only ``(LOG_FRAME, seq, time, data)``."""
+        with self._lock:
+            self._seq = seq = self._seq + 1
+            header = marshal.dumps((LOG_FRAME, seq, time.monotonic(), data), MARSHAL_VERSION)
+            frame = FRAME_HEADER.pack(len(header), 0) + header
+            if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
+                frame = _shrink_to_pipe_buf(self.rank, seq, LOG, data)
+            written = os.write(self.fd, frame)
+            if written < len(frame):
                 write_all(self.fd, memoryview(frame)[written:])
 
     def emit_text(self, stream: int, text: str) -> None:

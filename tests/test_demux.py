@@ -111,12 +111,16 @@ def text_frame(header) -> bytes:
     return struct.pack(">II", len(payload), 0) + payload
 
 
-def test_a_text_frame_is_a_print_and_a_malformed_one_is_a_corrupt_stream():
+def test_compact_frames_are_prints_and_log_records_and_a_malformed_one_is_a_corrupt_stream():
     demux = RankDemux(rank=1)
-    events = flat(demux.feed("events", text_frame((0, "printed\nand more\n")) + text_frame((1, "to stderr\n"))))
-    assert [(e.data["stream"], e.data["text"]) for e in events] == [
+    events = flat(demux.feed("events", text_frame((0, "printed\nand more\n")) + text_frame((1, "to stderr\n"))
+                             + text_frame((2, 7, 12.5, {"level": "INFO", "message": "a record"}))))
+    assert [(e.data["stream"], e.data["text"]) for e in events[:3]] == [
         ("stdout", "printed"), ("stdout", "and more"), ("stderr", "to stderr")]
-    for bad in ((2, "no such stream"), (0, b"bytes"), (0,), (0, "x", 1), (True, "a bool is no stream"), [0, "x"]):
+    assert (events[3].kind, events[3].time, events[3].data) == (
+        LOG, 12.5, {"level": "INFO", "message": "a record", "worker_seq": 7})
+    for bad in ((3, "no such stream"), (0, b"bytes"), (0,), (0, "x", 1), (True, "a bool is no stream"), [0, "x"],
+                (2, 1, 1.0), (2, "1", 1.0, {}), (2, 1, "now", {}), (2, 1, 1.0, ["data"]), (2, 1, 1.0, {}, 0)):
         demux = RankDemux(rank=1)
         events = flat(demux.feed("events", text_frame((0, "before\n")) + text_frame(bad)))
         assert lines(events) == ["before"], bad
