@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import io
 import logging
+import marshal
 import os
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from notebook_launcher import logging as nl_logging
 from notebook_launcher.demux import RankDemux
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import LOG, OUTPUT, EventList, EventWriter, encode_frame
+from notebook_launcher.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventList, EventWriter, encode_frame
 from notebook_launcher.ordering import InOrderRelease
 from notebook_launcher.runlog import RunLog
 
@@ -106,12 +107,17 @@ def worker_side(directory: str) -> dict:
         os.close(write)
 
 
+def compact_frame(header: tuple) -> bytes:
+    payload = marshal.dumps(header, MARSHAL_VERSION)
+    return FRAME_HEADER.pack(len(payload), 0) + payload
+
+
 def kernel_side(directory: str) -> dict:
     data = {"level": "INFO", "levelno": 20, "logger": "bench", "message": "", "file": __file__, "line": 1,
             "function": "log_lines", "created": 0.0}
-    frames = b"".join(encode_frame(0, i, LOG, {**data, "message": f"line {i} of rank 0"}) for i in range(N))
-    prints = b"".join(encode_frame(0, i, OUTPUT, {"stream": "stdout", "text": f"line {i} of rank 0\n"})
-                      for i in range(N))
+    frames = b"".join(compact_frame((LOG_FRAME, i, 1.0 + i, {**data, "message": f"line {i} of rank 0"}))
+                      for i in range(N))  # as a worker's get_logger sends them (EventWriter.emit_log)
+    prints = b"".join(compact_frame((0, f"line {i} of rank 0\n")) for i in range(N))  # and its print (emit_text)
     events = [event for item in RankDemux(0).feed("events", frames) for event in item]  # (lists of lines)
     print_events = [event for item in RankDemux(0).feed("events", prints) for event in item]
     run_log = RunLog(os.path.join(directory, "runs"))
