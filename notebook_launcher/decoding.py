@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import marshal
 
-from .events import FRAME_HEADER, LOG_FRAME, RESULT, Event
+from .events import FRAME_HEADER, LOG, LOG_FRAME, RESULT, Event
 
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
@@ -185,6 +185,8 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
                 or len(header) == 4 and header[0] == LOG_FRAME and type(header[0]) is int
                 and type(header[1]) is int and type(header[2]) in (float, int) and type(header[3]) is dict):
             raise CorruptFrame("a compact frame that is neither (0 or 1, text) nor (2, seq, time, data)")
+        if len(header) == 4:
+            _check_in_order(header[3])
         return
     if type(header) is not dict:  # (marshal makes exact types: a bool is never an int here)
         raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")
@@ -200,6 +202,14 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
         raise CorruptFrame(f"an attachment of {attachment_len} bytes on a {header['kind']!r} event")
     if header["kind"] == RESULT:
         _check_result_layout(header["data"], attachment_len)
+    elif header["kind"] == LOG:
+        _check_in_order(header["data"])
+
+
+def _check_in_order(data: dict) -> None:
+    """A log record's ``in_order`` (the kernel orders records by it) is a call count: an int from 1."""
+    if "in_order" in data and (type(data["in_order"]) is not int or data["in_order"] < 1):
+        raise CorruptFrame(f"a log record whose in_order is {data['in_order']!r}, not a count from 1")
 
 
 def _check_result_layout(data: dict, attachment_len: int) -> None:

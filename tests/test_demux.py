@@ -125,3 +125,15 @@ def test_compact_frames_are_prints_and_log_records_and_a_malformed_one_is_a_corr
         events = flat(demux.feed("events", text_frame((0, "before\n")) + text_frame(bad)))
         assert lines(events) == ["before"], bad
         assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], bad
+
+
+def test_a_log_record_whose_in_order_is_no_count_is_a_corrupt_stream_not_a_kernel_error():
+    for bad in ("x", [1], True, 0, -3, 1.5):
+        for frame in (encode_frame(0, 2, LOG, {"message": "m", "in_order": bad}),
+                      text_frame((2, 2, 1.0, {"message": "m", "in_order": bad}))):
+            demux = RankDemux(rank=0)
+            events = flat(demux.feed("events", text_frame((0, "before\n")) + frame))
+            assert lines(events) == ["before"], bad
+            assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], bad
+    good = flat(RankDemux(rank=0).feed("events", text_frame((2, 2, 1.0, {"message": "m", "in_order": 4}))))
+    assert good[0].data["in_order"] == 4
