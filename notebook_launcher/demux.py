@@ -129,11 +129,10 @@ class RankDemux:
                     data["stack_dump"] = True
                 yield self.event(STREAM, data)
         elif lines:
-            rank, seq, now = self.rank, self.seq, time.monotonic()
-            self.seq = seq + len(lines)
-            yield [Event(rank, seq + number, now, STREAM, {"stream": stream, "text": line})
-                   for number, line in enumerate(lines, 1)]
-        yield from self._redraw(stream, splitter)
+            yield self._line_events(stream, lines, time.monotonic())
+        redraw = self._redraw(stream, splitter)
+        if redraw is not None:
+            yield redraw
 
     def _in_dump(self, line: str) -> bool:
         if _DUMP_HEADER.match(line):
@@ -149,19 +148,20 @@ class RankDemux:
         """Python-level text, cut into lines appended to ``lines`` as ``stream`` events; the redrawn state of an
         unfinished line (a progress bar), which is not a plain line, is returned."""
         splitter = self._python_lines.get(stream) or self._python_lines.setdefault(stream, LineSplitter())
-        rank, seq = self.rank, self.seq
-        for line in splitter.feed_text(text):
-            seq += 1
-            lines.append(Event(rank, seq, now, STREAM, {"stream": stream, "text": line}))
-        self.seq = seq
-        latest = splitter.redraw()
-        return None if latest is None else self.event(STREAM, {"stream": stream, "text": latest, "redraw": True})
+        lines += self._line_events(stream, splitter.feed_text(text), now)
+        return self._redraw(stream, splitter)
 
-    def _redraw(self, stream: str, splitter: LineSplitter) -> Iterator[Event]:
+    def _line_events(self, stream: str, texts: list[str], now: float) -> list[Event]:
+        """``stream`` events of these lines, numbered next (the lines of one read share its time)."""
+        rank, seq = self.rank, self.seq
+        self.seq = seq + len(texts)
+        return [Event(rank, seq + number, now, STREAM, {"stream": stream, "text": text})
+                for number, text in enumerate(texts, 1)]
+
+    def _redraw(self, stream: str, splitter: LineSplitter) -> Event | None:
         """A line redrawn in place (a progress bar) is passed on as it changes, marked so it is not a new line."""
         latest = splitter.redraw()
-        if latest is not None:
-            yield self.event(STREAM, {"stream": stream, "text": latest, "redraw": True})
+        return None if latest is None else self.event(STREAM, {"stream": stream, "text": latest, "redraw": True})
 
     def finish_python_lines(self) -> Iterator[Event]:
         """Once the rank has exited: a last line it printed from Python without a newline."""

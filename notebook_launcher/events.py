@@ -143,9 +143,6 @@ class EventList(Sequence):
     def append(self, event: Event) -> None:
         self._items.append(event)
 
-    def extend(self, events) -> None:
-        self._items.extend(events)
-
     def extend_lines(self, events) -> None:
         """Events without an attachment (stream lines and log records), kept as flat tuples: a stream line as
         (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's keys, *their values),
@@ -158,9 +155,6 @@ class EventList(Sequence):
                   *event.data.values()) for event in events])
         if len(keys) > 1000:
             keys.clear()
-
-    def clear(self) -> None:
-        self._items.clear()
 
     def __len__(self) -> int:
         return len(self._items)

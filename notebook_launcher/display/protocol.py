@@ -2,8 +2,9 @@
 
 The launcher feeds a display from the launching cell's thread: every event in order (``show``), its own lines
 (``note``), a call every few hundred milliseconds while waiting (``tick``, for displays that redraw), and,
-after a c10d rendezvous, which ranks this node got (``retarget``); a display may also take plain lines in lists
-(``show_lines``, ``LinesDisplay``). ``TextDisplay`` and ``PanelDisplay`` are displays; so is the agent's
+after a c10d rendezvous, which ranks this node got (``retarget``). A display may also have
+``show_lines(events)``: consecutive plain lines of one rank in one list, as ``show`` would get them one by one
+(the launcher uses it where it exists). ``TextDisplay`` and ``PanelDisplay`` are displays; so is the agent's
 ``ForwardingDisplay``, which sends everything to the launching kernel instead.
 
 ``notebook_launcher(display=...)`` takes "auto", "panel", "text" or any object ``is_display`` accepts.
@@ -41,15 +42,6 @@ class FinishingDisplay(Display, Protocol):
     def finish(self, status: str, **details: Any) -> dict:
         """The run ended with ``status`` (``failure``, ``result_type``, ``stuck_ranks``): show the final state
         and return it (the run keeps it as ``panel_state``)."""
-
-
-@runtime_checkable
-class LinesDisplay(Display, Protocol):
-    """A display that takes plain lines in lists (optional: others get them one by one through ``show``)."""
-
-    def show_lines(self, events: list[Event]) -> None:
-        """Consecutive ``stream`` lines and ``log`` records of one rank (no in_order record among them), as
-        ``show`` would get them one after the other; one call for hundreds of lines in a flood."""
 
 
 def is_display(obj: Any) -> bool:
