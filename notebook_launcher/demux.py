@@ -14,7 +14,7 @@ from typing import Iterator
 
 from .decoding import FrameDecoder, LineSplitter, event_from_frame
 from .events import (CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, LOG_FRAME, OUTPUT, STREAM, TEXT_STREAMS,
-                     TRUNCATED_EVENT, Event)
+                     TRUNCATED_EVENT, Event, StreamLines)
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
@@ -27,9 +27,10 @@ LINES_READ_BYTES = 32 << 10
 class RankDemux:
     """The events of one rank, numbered per rank (``seq`` is the last number given).
 
-    What ``feed`` yields are events and lists of plain lines: consecutive ``stream`` lines and ``log`` records
-    without ``in_order``, which no one holds back and none of which can end the run, so the kernel passes them on
-    together (one call per stage for hundreds of lines, not one per line). Both are made lazily, as the caller
+    What ``feed`` yields are events and lists of plain lines: consecutive ``stream`` lines (as ``StreamLines``,
+    the texts of one stream and read together) and ``log`` records without ``in_order`` (as Events), which no one
+    holds back and none of which can end the run, so the kernel passes them on together (one call per stage for
+    hundreds of lines, not one per line). Both are made lazily, as the caller
     iterates, so their numbers follow the order in which the caller passes them on. A rank's text arrives two
     ways, each cut into lines by a splitter of its own: what its fd 1/2 pipes carry (C++ and subprocess output,
     and faulthandler's stack dumps) and Python-level writes sent as ``output`` events on the event pipe.
@@ -44,17 +45,17 @@ class RankDemux:
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
         self._dump: str | None = None  # None | "expected" | "in": a faulthandler dump the kernel asked for
 
-    def feed(self, channel: str, chunk: bytes) -> Iterator[Event | list[Event]]:
+    def feed(self, channel: str, chunk: bytes) -> Iterator[Event | list]:
         """The events and lists of plain lines in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the
         channel's end (EOF)."""
         if channel == "events":
             return self._feed_events(chunk)
         return self._feed_stream(channel, chunk)
 
-    def _feed_events(self, chunk: bytes) -> Iterator[Event | list[Event]]:
+    def _feed_events(self, chunk: bytes) -> Iterator[Event | list]:
         decoder = self._decoder
         rank = self.rank
-        lines: list[Event] = []  # the plain lines of the frames so far, passed on together (see the class)
+        lines: list = []  # the plain lines of the frames so far, passed on together (see the class)
         now = time.monotonic()  # (every line cut from this chunk was read at this moment)
         for header, attachment in decoder.feed(chunk):
             if type(header) is tuple and header[0] == LOG_FRAME:  # (LOG_FRAME, seq, time, data)
@@ -119,7 +120,7 @@ class RankDemux:
         the run log keeps it)."""
         self._dump = "expected"
 
-    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event | list[Event]]:
+    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event | list]:
         splitter = self._fd_lines[stream]
         lines = splitter.feed(chunk) if chunk else splitter.finish()
         if stream == "stderr" and self._dump:
@@ -129,7 +130,9 @@ class RankDemux:
                     data["stack_dump"] = True
                 yield self.event(STREAM, data)
         elif lines:
-            yield self._line_events(stream, lines, time.monotonic())
+            batch: list = []
+            self._add_lines(batch, stream, lines, time.monotonic())
+            yield batch
         redraw = self._redraw(stream, splitter)
         if redraw is not None:
             yield redraw
@@ -145,18 +148,23 @@ class RankDemux:
         return False
 
     def _output_lines(self, stream: str, text: str, lines: list, now: float) -> Event | None:
-        """Python-level text, cut into lines appended to ``lines`` as ``stream`` events; the redrawn state of an
-        unfinished line (a progress bar), which is not a plain line, is returned."""
+        """Python-level text, cut into lines added to ``lines``; the redrawn state of an unfinished line (a
+        progress bar), which is not a plain line, is returned."""
         splitter = self._python_lines.get(stream) or self._python_lines.setdefault(stream, LineSplitter())
-        lines += self._line_events(stream, splitter.feed_text(text), now)
+        self._add_lines(lines, stream, splitter.feed_text(text), now)
         return self._redraw(stream, splitter)
 
-    def _line_events(self, stream: str, texts: list[str], now: float) -> list[Event]:
-        """``stream`` events of these lines, numbered next (the lines of one read share its time)."""
-        rank, seq = self.rank, self.seq
-        self.seq = seq + len(texts)
-        return [Event(rank, seq + number, now, STREAM, {"stream": stream, "text": text})
-                for number, text in enumerate(texts, 1)]
+    def _add_lines(self, lines: list, stream: str, texts: list[str], now: float) -> None:
+        """``texts`` as ``stream`` lines numbered next, at the end of ``lines``: added to its last ``StreamLines``
+        when that is of the same stream and read (a flood of prints is a few of them, not an Event a line)."""
+        if not texts:
+            return
+        last = lines[-1] if lines else None
+        if type(last) is StreamLines and last.stream == stream and last.time == now:
+            last.texts += texts
+        else:
+            lines.append(StreamLines(self.rank, self.seq + 1, now, stream, texts))
+        self.seq += len(texts)
 
     def _redraw(self, stream: str, splitter: LineSplitter) -> Event | None:
         """A line redrawn in place (a progress bar) is passed on as it changes, marked so it is not a new line."""

@@ -68,6 +68,8 @@ import os
 import struct
 import threading
 import time
+from array import array
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
@@ -128,44 +130,103 @@ class Event:
         return record
 
 
+class StreamLines:
+    """Consecutive ``stream`` lines of one rank and stream read at one moment, numbered ``seq``, ``seq + 1``, …
+
+    How the kernel passes a flood of prints on: each stage takes the texts whole (a join, a slice), with no Event
+    made per line; ``events()`` gives the Events they stand for, to whoever wants them one by one."""
+
+    __slots__ = ("rank", "seq", "time", "stream", "texts")
+    kind = STREAM
+
+    def __init__(self, rank: int, seq: int, time: float, stream: str, texts: list[str]):
+        self.rank, self.seq, self.time, self.stream, self.texts = rank, seq, time, stream, texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __repr__(self) -> str:
+        return f"StreamLines(rank={self.rank}, seq={self.seq}, time={self.time}, {self.stream}, {self.texts!r})"
+
+    def events(self) -> list[Event]:
+        rank, seq, when, stream = self.rank, self.seq, self.time, self.stream
+        return [Event(rank, seq + number, when, STREAM, {"stream": stream, "text": text})
+                for number, text in enumerate(self.texts)]
+
+
+def expand_lines(lines) -> list[Event]:
+    """A list of plain lines (Events and ``StreamLines``) as Events, one per line."""
+    return [event for item in lines for event in (item.events() if type(item) is StreamLines else (item,))]
+
+
+def count_lines(lines) -> int:
+    """How many lines a list of plain lines holds."""
+    return sum(len(item.texts) if type(item) is StreamLines else 1 for item in lines)
+
+
 class EventList(Sequence):
     """A list of events (``Run.events``) that keeps plain lines as tuples of plain values.
 
     Python's cyclic collector tracks every Event and every tuple or dict that holds a dict: 100,000 lines kept as
     Events made it walk them again and again while a flood arrived (half the kernel's time per line). A tuple of
     strings and numbers is untracked at its first collection, so lines kept through ``extend_lines`` cost the
-    collector nothing; reading gives Events back (new objects, equal to those kept).
+    collector nothing; reading gives Events back (new objects, equal to those kept). A ``StreamLines`` is kept as
+    one tuple whose texts are a tuple, found by index through ``_starts`` (the index of each item's first line).
     """
 
     def __init__(self, events=()):
         self._items: list = list(events)
+        self._starts = array("q", range(len(self._items)))
+        self._count = len(self._items)
 
     def append(self, event: Event) -> None:
         self._items.append(event)
+        self._starts.append(self._count)
+        self._count += 1
 
-    def extend_lines(self, events) -> None:
-        """Events without an attachment (stream lines and log records), kept as flat tuples: a stream line as
-        (rank, seq, time, stream, text), any other as (rank, seq, time, kind, its data's keys, *their values),
-        the keys' tuple shared by every record that has the same keys."""
-        keys = _SHARED_KEYS
-        self._items.extend([
-            (event.rank, event.seq, event.time, event.data["stream"], event.data["text"])
-            if event.kind == STREAM and len(event.data) == 2 and type(event.data.get("text")) is str
-            else (event.rank, event.seq, event.time, event.kind, keys.setdefault(tuple(event.data), tuple(event.data)),
-                  *event.data.values()) for event in events])
+    def extend_lines(self, lines) -> None:
+        """Plain lines without an attachment (``StreamLines`` and Events of stream lines and log records), kept as
+        flat tuples: ``StreamLines`` as (rank, seq, time, stream, texts' tuple), a stream line as (rank, seq,
+        time, stream, text), any other as (rank, seq, time, kind, its data's keys, *their values), the keys'
+        tuple shared by every record that has the same keys."""
+        keys, items, starts, count = _SHARED_KEYS, self._items, self._starts, self._count
+        for item in lines:
+            starts.append(count)
+            if type(item) is StreamLines:
+                items.append((item.rank, item.seq, item.time, item.stream, tuple(item.texts)))
+                count += len(item.texts)
+                continue
+            data = item.data
+            if item.kind == STREAM and len(data) == 2 and type(data.get("text")) is str \
+                    and data.get("stream") in _STREAM_NAMES:
+                items.append((item.rank, item.seq, item.time, data["stream"], data["text"]))
+            else:
+                items.append((item.rank, item.seq, item.time, item.kind,
+                              keys.setdefault(tuple(data), tuple(data)), *data.values()))
+            count += 1
+        self._count = count
         if len(keys) > 1000:
             keys.clear()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return [_as_event(item) for item in self._items[index]]
-        return _as_event(self._items[index])
+            return [self[at] for at in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError("EventList index out of range")
+        at = bisect_right(self._starts, index) - 1
+        return _as_event(self._items[at], index - self._starts[at])
 
     def __iter__(self):
-        return map(_as_event, self._items)
+        for item in self._items:
+            if type(item) is tuple and type(item[4]) is tuple and item[3] in _STREAM_NAMES:
+                yield from (_as_event(item, number) for number in range(len(item[4])))
+            else:
+                yield _as_event(item)
 
     def __repr__(self) -> str:
         return f"EventList({list(self)!r})"
@@ -174,14 +235,20 @@ class EventList(Sequence):
 _SHARED_KEYS: dict = {}  # the keys' tuple of each shape of data kept by EventList.extend_lines
 
 
-def _as_event(item) -> Event:
+def _as_event(item, number: int = 0) -> Event:
+    """The Event an item of ``EventList`` stands for (``number``: which line of a ``StreamLines``' tuple)."""
     if type(item) is not tuple:
         return item
-    if type(item[4]) is str:
+    if item[3] in _STREAM_NAMES:  # (rank, seq, time, stream, text or texts)
         rank, seq, when, stream, text = item
+        if type(text) is tuple:
+            return Event(rank, seq + number, when, STREAM, {"stream": stream, "text": text[number]})
         return Event(rank, seq, when, STREAM, {"stream": stream, "text": text})
     rank, seq, when, kind, keys, *values = item
     return Event(rank, seq, when, kind, dict(zip(keys, values)))
+
+
+_STREAM_NAMES = frozenset(TEXT_STREAMS)  # a stream tuple's fourth value; a record's is its kind
 
 
 def encode_frame(rank: int, seq: int, kind: str, data: dict, attachment: bytes = b"",

@@ -13,7 +13,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from .events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
+from .events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event, StreamLines
 from .stacks import cell_names, user_stack
 
 _LOST_PEER = re.compile(
@@ -97,16 +97,21 @@ class FailureTracker:
                 # rank was last heard from, on the same clock as the workers' own failure records
                 self._failures[rank] = _exit_failure(event, self._last_seen.get(rank, event.time))
 
-    def observe_lines(self, lines: list[Event]) -> None:
-        """``observe`` for plain lines of one rank passed on together (``stream`` lines and ``log`` records)."""
+    def observe_lines(self, lines: list) -> None:
+        """``observe`` for plain lines of one rank passed on together (``StreamLines`` and ``log`` records)."""
         rank = lines[0].rank
         self._last_seen[rank] = lines[-1].time
         stderr = []
-        for event in lines:
-            if event.kind == STREAM:
-                self._last_line[rank] = event.data["text"]
-                if event.data["stream"] == "stderr":
-                    stderr.append((event.seq, event.data["text"]))
+        for item in lines:
+            if type(item) is StreamLines:
+                self._last_line[rank] = item.texts[-1]
+                if item.stream == "stderr":
+                    first = max(0, len(item.texts) - _STDERR_KEPT)
+                    stderr += zip(range(item.seq + first, item.seq + len(item.texts)), item.texts[first:])
+            elif item.kind == STREAM:
+                self._last_line[rank] = item.data["text"]
+                if item.data["stream"] == "stderr":
+                    stderr.append((item.seq, item.data["text"]))
         if stderr:
             self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).extend(stderr)
 

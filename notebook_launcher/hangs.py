@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from .events import PROGRESS, STATUS, STREAM
+from .events import PROGRESS, STATUS, STREAM, expand_lines
 from .progress_record import ProgressRecord
 from .stacks import cell_names, innermost_user_frame, user_stack
 
@@ -102,7 +102,7 @@ class StallWatch:
     def observe_lines(self, lines: list) -> None:
         """``observe`` for plain lines passed on together: only stderr lines, while stacks are collected."""
         if self._capture is not None:
-            for event in lines:
+            for event in expand_lines(lines):
                 self.observe(event)
 
     def _read_progress(self, now: float) -> dict[int, dict]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .events import EXIT, LOG, STATUS, STREAM, Event
+from .events import EXIT, LOG, STATUS, STREAM, Event, expand_lines
 
 STALL_BOUND_S = 2.0
 
@@ -58,10 +58,11 @@ class InOrderRelease:
             self._show(event)
         self.release()
 
-    def push_lines(self, lines: list[Event]) -> None:
-        """Plain lines of one rank (none in_order): shown together when nothing is held, else queued as usual."""
+    def push_lines(self, lines: list) -> None:
+        """Plain lines of one rank (none in_order; Events and ``StreamLines``): shown together when nothing is
+        held, else queued one by one as usual."""
         if self._held or self._show_lines is None:
-            for event in lines:
+            for event in expand_lines(lines):
                 self.push(event)
         else:
             self._show_lines(lines)

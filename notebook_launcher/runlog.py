@@ -8,7 +8,7 @@ import re
 import shutil
 import time
 
-from .events import LOG, STREAM, Event
+from .events import LOG, Event, StreamLines
 
 
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
@@ -59,23 +59,22 @@ class RunLog:
         self._events.write(_line(event))
         self._flush_now_and_then()
 
-    def write_lines(self, events: list[Event]) -> None:
-        """``write`` for plain lines read together (``RankDemux``): one write for all; a ``stream`` line, whose
-        data the kernel made itself, is written without the JSON encoder's walk over its data."""
-        lines = []
-        rank = when = stream = head = None
-        for event in events:
-            data = event.data
-            if event.kind == STREAM and len(data) == 2 and type(text := data.get("text")) is str \
-                    and type(event.seq) is int and data.get("stream") in _STREAMS:
-                if event.rank != rank or event.time != when or data["stream"] != stream:
-                    rank, when, stream = event.rank, event.time, data["stream"]  # (one read's lines share these)
-                    head = (f'{{"rank":{int(rank)},"seq":', f',"time":{_number(when)},"kind":"stream","data":'
-                            f'{{"stream":{_STREAMS[stream]},"text":')
-                lines.append(f'{head[0]}{event.seq}{head[1]}{_string(text)}}}}}\n')
+    def write_lines(self, lines: list) -> None:
+        """``write`` for plain lines read together (``RankDemux``): one write for all. The lines of a
+        ``StreamLines``, whose data the kernel made itself, are written without the JSON encoder's walk."""
+        out = []
+        for item in lines:
+            if type(item) is StreamLines and item.stream in _STREAMS and type(item.seq) is int \
+                    and type(item.rank) is int:
+                head, tail = (f'{{"rank":{item.rank},"seq":', f',"time":{_number(item.time)},"kind":"stream",'
+                              f'"data":{{"stream":{_STREAMS[item.stream]},"text":')
+                seq = item.seq
+                out += [f'{head}{seq + number}{tail}{_string(text)}}}}}\n' for number, text in enumerate(item.texts)]
+            elif type(item) is StreamLines:
+                out += map(_line, item.events())
             else:
-                lines.append(event.kind == LOG and _record_line(event) or _line(event))
-        self._events.write("".join(lines))
+                out.append(item.kind == LOG and _record_line(item) or _line(item))
+        self._events.write("".join(out))
         self._flush_now_and_then()
 
     def _flush_now_and_then(self) -> None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from .demux import CHANNELS, RankDemux
-from .events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
+from .events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec, expand_lines
 from .handles import WorkerProcess
 from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
@@ -298,11 +298,11 @@ class Supervisor:
             else:
                 self._deliver(event)
 
-    def _each_line(self, lines: list[Event]) -> None:
-        for line in lines:
+    def _each_line(self, lines: list) -> None:
+        for line in expand_lines(lines):
             self.on_event(line)
 
-    def _deliver_lines(self, lines: list[Event]) -> None:
+    def _deliver_lines(self, lines: list) -> None:
         """Plain lines of one rank (``RankDemux``), passed on together: none of them can end the run."""
         if self._muted:
             return

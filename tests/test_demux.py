@@ -4,12 +4,12 @@ import struct
 
 from notebook_launcher.demux import RankDemux
 from notebook_launcher.events import (CORRUPT_EVENT_STREAM, FAILURE, LOG, OUTPUT, STREAM, TRUNCATED_EVENT,
-                                      encode_frame)
+                                      encode_frame, expand_lines)
 
 
 def flat(items):
     """What the demux yields, as events: its lists of plain lines opened."""
-    return [event for item in items for event in (item if type(item) is list else [item])]
+    return [event for item in items for event in (expand_lines(item) if type(item) is list else [item])]
 
 
 def lines(events, stream=None):
@@ -96,12 +96,25 @@ def test_plain_lines_come_in_lists_and_anything_else_between_them_keeps_its_plac
              + encode_frame(2, 4, LOG, {"message": "in order", "in_order": 1})  # held for rank order: alone
              + encode_frame(2, 5, OUTPUT, {"stream": "stderr", "text": "three\n"}))
     items = list(demux.feed("events", chunk))
-    shapes = [[e.kind for e in item] if type(item) is list else item.kind for item in items]
+    shapes = [[e.kind for e in expand_lines(item)] if type(item) is list else item.kind for item in items]
     assert shapes == [[STREAM, STREAM, LOG], "status", LOG, [STREAM]]
+    assert [type(line).__name__ for line in items[0]] == ["StreamLines", "Event"]  # a run of lines is one item
     assert [e.seq for e in flat(items)] == [1, 2, 3, 4, 5, 6]
     fd_lines = list(demux.feed("stdout", b"from C\nand more\n"))
-    assert [[e.data["text"] for e in item] for item in fd_lines] == [["from C", "and more"]]
-    assert [e.seq for e in fd_lines[0]] == [7, 8]
+    assert [[e.data["text"] for e in expand_lines(item)] for item in fd_lines] == [["from C", "and more"]]
+    assert [e.seq for e in expand_lines(fd_lines[0])] == [7, 8]
+
+
+def test_consecutive_prints_of_one_read_are_one_run_of_lines_and_a_stream_change_starts_another():
+    demux = RankDemux(rank=0)
+    chunk = b"".join(text_frame((0, f"out {i}\n")) for i in range(5)) + text_frame((1, "err\n")) + \
+        text_frame((0, "a\nb\n")) + text_frame((0, "no end"))
+    (lines,) = list(demux.feed("events", chunk))
+    assert [(item.stream, item.seq, item.texts) for item in lines] == [
+        ("stdout", 1, [f"out {i}" for i in range(5)]), ("stderr", 6, ["err"]), ("stdout", 7, ["a", "b"])]
+    assert len({item.time for item in lines}) == 1
+    (more,) = list(demux.feed("events", text_frame((0, ", ended\n"))))
+    assert [(item.seq, item.texts) for item in more] == [(9, ["no end, ended"])]
 
 
 def text_frame(header) -> bytes:

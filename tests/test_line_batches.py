@@ -9,7 +9,7 @@ import sys
 
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import LOG, STREAM, Event, EventList
+from notebook_launcher.events import LOG, STREAM, Event, EventList, StreamLines
 from notebook_launcher.failure import FailureTracker
 from notebook_launcher.runlog import RunLog
 
@@ -22,8 +22,9 @@ def random_lines(seed: int, count: int = 400) -> list[Event]:
     rng = random.Random(seed)
     events, seq = [], {0: 0, 1: 0}
     when = 100.0
+    rank = 0
     for _ in range(count):
-        rank = rng.choice((0, 1))
+        rank = rank if rng.random() < 0.7 else 1 - rank  # (runs of one rank's lines, as a read brings them)
         seq[rank] += 1
         if rng.random() < 0.2:
             when += rng.random()
@@ -35,9 +36,28 @@ def random_lines(seed: int, count: int = 400) -> list[Event]:
                 data["exc_text"] = "Traceback (most recent call last):\n  boom"
             events.append(Event(rank, seq[rank], when + rng.random(), LOG, data if rng.random() < 0.95 else {}))
         else:
-            events.append(Event(rank, seq[rank], when, STREAM,
-                                {"stream": rng.choice(("stdout", "stderr")), "text": rng.choice(TEXTS)}))
+            stream = "stdout" if rng.random() < 0.8 else "stderr"
+            events.append(Event(rank, seq[rank], when, STREAM, {"stream": stream, "text": rng.choice(TEXTS)}))
+            for _ in range(rng.choice((0, 0, 1, 5))):  # a run of prints in one read
+                seq[rank] += 1
+                events.append(Event(rank, seq[rank], when, STREAM, {"stream": stream, "text": rng.choice(TEXTS)}))
     return events
+
+
+def as_the_demux_passes_them(events: list[Event]) -> list:
+    """The same lines as the demux passes them on: each run of stream lines of one rank, stream and read (and
+    numbered one after the other) as one ``StreamLines``; log records as they are."""
+    lines: list = []
+    for event in events:
+        last = lines[-1] if lines else None
+        if event.kind != STREAM:
+            lines.append(event)
+        elif type(last) is StreamLines and (last.rank, last.stream, last.time, last.seq + len(last.texts)) == (
+                event.rank, event.data["stream"], event.time, event.seq):
+            last.texts.append(event.data["text"])
+        else:
+            lines.append(StreamLines(event.rank, event.seq, event.time, event.data["stream"], [event.data["text"]]))
+    return lines
 
 
 def test_the_run_log_writes_a_list_of_lines_as_it_writes_each_one(runs_dir):
@@ -46,7 +66,7 @@ def test_the_run_log_writes_a_list_of_lines_as_it_writes_each_one(runs_dir):
     for event in events:
         one_by_one.write(event)
     for start in range(0, len(events), 37):
-        together.write_lines(events[start:start + 37])
+        together.write_lines(as_the_demux_passes_them(events[start:start + 37]))
     one_by_one.close()
     together.close()
     with open(one_by_one.file("events.jsonl"), encoding="utf-8") as first, \
@@ -60,9 +80,13 @@ def test_run_events_give_back_the_lines_kept_and_the_collector_does_not_track_th
     events = random_lines(2)
     kept = EventList()
     kept.append(Event(0, 0, 1.0, "status", {"state": "running"}))
-    kept.extend_lines(events)
+    lines = as_the_demux_passes_them(events)
+    assert sum(type(line) is StreamLines and len(line) > 2 for line in lines) > 10  # (runs, not single lines only)
+    kept.extend_lines(lines)
     assert list(kept) == [Event(0, 0, 1.0, "status", {"state": "running"}), *events]
-    assert kept[1] == events[0] and kept[-1] == events[-1] and kept[1:3] == events[:2] and len(kept) == 401
+    assert [kept[index] for index in range(-len(kept), len(kept))] == [*kept, *kept]  # each found by its index
+    assert kept[1] == events[0] and kept[-1] == events[-1] and kept[1:3] == events[:2] and len(kept) == len(events) + 1
+    assert kept[::50] == [Event(0, 0, 1.0, "status", {"state": "running"}), *events[49::50]]
     gc.collect()
     gc.collect()  # (a tuple is untracked once what it holds is: a record's first keys' tuple, on the pass before)
     tracked = sum(gc.is_tracked(item) for item in kept._items[1:])
@@ -82,7 +106,7 @@ def test_the_text_display_prints_a_list_of_lines_as_it_prints_each_one(monkeypat
                 display.show(event)
         else:
             for start in range(0, len(events), 50):
-                display.show_lines(events[start:start + 50])
+                display.show_lines(as_the_demux_passes_them(events[start:start + 50]))
         outputs.append((out.getvalue(), err.getvalue(), [stream for stream, _ in merged]))
         monkeypatch.undo()
     assert outputs[0][:2] == outputs[1][:2]
@@ -96,7 +120,7 @@ def test_the_panel_state_folds_a_list_of_lines_as_it_folds_each_one():
     states[1]._started = states[0]._started
     for event in events:
         states[0].observe(event)
-    states[1].observe_lines(events)
+    states[1].observe_lines(as_the_demux_passes_them(events))
     assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
     assert states[1].changes == states[0].changes
 
@@ -107,7 +131,7 @@ def test_the_failure_tracker_keeps_the_same_context_from_a_list_of_lines():
     for event in events:
         trackers[0].observe(event)
     for rank in (0, 1):
-        trackers[1].observe_lines([event for event in events if event.rank == rank])
+        trackers[1].observe_lines(as_the_demux_passes_them([event for event in events if event.rank == rank]))
     failure = Event(1, 999, 200.0, "failure", {"type": "ValueError", "message": "boom", "traceback": ""})
     for tracker in trackers:
         tracker.observe(failure)

@@ -97,9 +97,9 @@ class PanelDisplay(FinishingDisplay):
         self.state.observe(event)
         self.tick()
 
-    def show_lines(self, events: list[Event]) -> None:
-        """``show`` for plain lines read together: folded in together, then one tick."""
-        self.state.observe_lines(events)
+    def show_lines(self, lines: list) -> None:
+        """``show`` for plain lines read together (Events and ``StreamLines``): folded in together, then one tick."""
+        self.state.observe_lines(lines)
         self.tick()
 
     def note(self, text: str) -> None:

@@ -21,7 +21,7 @@ from collections import deque
 
 from ..balance import BalanceBook
 from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
-                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
+                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event, StreamLines)
 from .describe import describe
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
@@ -103,19 +103,35 @@ class RunState:
             handler(self, event)
             self.changes += 1
 
-    def observe_lines(self, events: list[Event]) -> None:
-        """``observe`` for plain lines read together; a plain stream line (not a tqdm bar) is added in place."""
+    def observe_lines(self, lines: list) -> None:
+        """``observe`` for plain lines read together (Events and ``StreamLines``); plain stream lines (not a tqdm
+        bar) are added in place, and of a ``StreamLines`` only those the rank's column keeps."""
         started, ranks = self._started, self.ranks
-        for event in events:
-            data = event.data
-            text = data.get("text")
-            if event.kind != STREAM or len(data) != 2 or type(text) is not str or "|" in text:
-                self.observe(event)
+        for item in lines:
+            if type(item) is StreamLines:
+                if "|" in "".join(item.texts):  # maybe a tqdm bar: each line as observe reads it
+                    for event in item.events():
+                        self.observe(event)
+                    continue
+                rank = ranks.get(item.rank) or self._rank(item)
+                count, first_number, kept = len(item.texts), self._line_count + 1, rank.lines.maxlen
+                skipped = max(0, count - kept) if kept is not None else 0
+                t = round(max(0.0, item.time - started), 3)
+                rank.lines.extend({"n": first_number + number, "t": t, "kind": item.stream, "text": text[:MAX_TEXT]}
+                                  for number, text in enumerate(item.texts[skipped:], skipped))
+                self._line_count += count
+                rank.lines_total += count
+                self.changes += count
                 continue
-            rank = ranks.get(event.rank) or self._rank(event)
+            data = item.data
+            text = data.get("text")
+            if item.kind != STREAM or len(data) != 2 or type(text) is not str or "|" in text:
+                self.observe(item)
+                continue
+            rank = ranks.get(item.rank) or self._rank(item)
             self._line_count += 1
             rank.lines_total += 1
-            rank.lines.append({"n": self._line_count, "t": round(max(0.0, event.time - started), 3),
+            rank.lines.append({"n": self._line_count, "t": round(max(0.0, item.time - started), 3),
                                "kind": data["stream"], "text": text[:MAX_TEXT]})
             self.changes += 1
 

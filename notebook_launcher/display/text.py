@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import FAILURE, LOG, STREAM, Event
+from ..events import FAILURE, LOG, STREAM, Event, StreamLines
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 
@@ -50,21 +50,23 @@ class TextDisplay(Display):
         text = f"{prefix}{lines[0]}\n" if len(lines) == 1 else "".join(f"{prefix}{line}\n" for line in lines)
         self._write("stderr" if said.kind in STDERR_KINDS else "stdout", text)
 
-    def show_lines(self, events: list[Event]) -> None:
-        """``show`` for plain lines read together: each stream's lines in one write."""
+    def show_lines(self, lines: list) -> None:
+        """``show`` for plain lines read together (Events and ``StreamLines``): each stream's lines in one write."""
         parts: list[str] = []
         target = self._last_stream
-        for event in events:
-            data = event.data
-            prefix = self._prefixes.get(event.rank) or self.prefix(event.rank)
-            if event.kind == STREAM and len(data) == 2:  # {"stream", "text"}: nearly every line
+        for item in lines:
+            prefix = self._prefixes.get(item.rank) or self.prefix(item.rank)
+            if type(item) is StreamLines:
+                stream = "stderr" if item.stream == "stderr" else "stdout"
+                text = prefix + ("\n" + prefix).join(item.texts) + "\n"
+            elif item.kind == STREAM and len(data := item.data) == 2:  # {"stream", "text"}
                 stream, text = data.get("stream"), f"{prefix}{data.get('text')}\n"
                 if stream != "stderr":
                     stream = "stdout"
-            elif event.kind == LOG and (line := _one_line_record(data)):  # describe's, without its Description
+            elif item.kind == LOG and (line := _one_line_record(item.data)):  # describe's, without its Description
                 stream, text = "stdout", f"{prefix}{line}\n"
             else:
-                said = None if data.get("redraw") else describe(event.kind, data, event.rank)
+                said = None if item.data.get("redraw") else describe(item.kind, item.data, item.rank)
                 if said is None or not said.said:
                     continue
                 stream = "stderr" if said.kind in STDERR_KINDS else "stdout"

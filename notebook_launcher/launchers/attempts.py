@@ -13,7 +13,8 @@ import dataclasses
 import time
 from typing import Any
 
-from ..events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
+from ..events import (BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event, count_lines,
+                      expand_lines)
 from ..failure import FailureTracker, root_cause
 from ..ordering import InOrderRelease
 from ..results import unpack_result
@@ -79,16 +80,16 @@ class Attempts:
         elif event.kind == BALANCE:
             run.balance_book.observe(event.rank, event.data)
 
-    def on_lines(self, lines: list[Event]) -> None:
-        """``on_event`` for plain lines of one rank read together (``stream`` lines and ``log`` records without
+    def on_lines(self, lines: list) -> None:
+        """``on_event`` for plain lines of one rank read together (``StreamLines`` and ``log`` records without
         in_order, see ``RankDemux``): each stage takes the whole list at once."""
         run = self.run
-        room = MAX_EVENTS_IN_MEMORY - len(run.events)
-        if room >= len(lines):
+        room, count = MAX_EVENTS_IN_MEMORY - len(run.events), count_lines(lines)
+        if room >= count:
             run.events.extend_lines(lines)
         else:
-            run.events.extend_lines(lines[:max(0, room)])
-            run.events_dropped += len(lines) - max(0, room)  # output lines beyond the cap are in the run log only
+            run.events.extend_lines(expand_lines(lines)[:max(0, room)])
+            run.events_dropped += count - max(0, room)  # output lines beyond the cap are in the run log only
         self.log.write_lines(lines)
         self.tracker.observe_lines(lines)
         self.in_order.push_lines(lines)
