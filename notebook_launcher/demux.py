@@ -13,8 +13,8 @@ import time
 from typing import Iterator
 
 from .decoding import FrameDecoder, LineSplitter, event_from_frame
-from .events import (CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, LOG_FRAME, OUTPUT, STREAM, TEXT_STREAMS,
-                     TRUNCATED_EVENT, Event, StreamLines)
+from .events import (CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, LOG_FRAME, OUTPUT, RECORD_KEYS, STREAM,
+                     TEXT_STREAMS, TRUNCATED_EVENT, Event, LogRecords, StreamLines)
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
@@ -58,18 +58,13 @@ class RankDemux:
         lines: list = []  # the plain lines of the frames so far, passed on together (see the class)
         now = time.monotonic()  # (every line cut from this chunk was read at this moment)
         for header, attachment in decoder.feed(chunk):
-            if type(header) is tuple and header[0] == LOG_FRAME:  # (LOG_FRAME, seq, time, data)
-                _, worker_seq, when, data = header
-                data.setdefault("worker_seq", worker_seq)
+            if type(header) is tuple and header[0] == LOG_FRAME:  # a record frame: (LOG_FRAME, time, *values)
                 self.seq += 1
-                event = Event(rank, self.seq, float(when), LOG, data)
-                if "in_order" not in data:
-                    lines.append(event)
-                    continue
-                if lines:
-                    yield lines
-                    lines = []
-                yield event
+                record = (rank, self.seq, header[1], LOG, RECORD_KEYS, *header[2:])  # (as EventList keeps it)
+                if lines and type(lines[-1]) is LogRecords:
+                    lines[-1].records.append(record)
+                else:
+                    lines.append(LogRecords(rank, [record]))
             elif type(header) is tuple or header["kind"] == OUTPUT:  # a text frame (0 | 1, text), or an output event
                 stream, text = (TEXT_STREAMS[header[0]], header[1]) if type(header) is tuple else (
                     "stderr" if header["data"].get("stream") == "stderr" else "stdout",

@@ -24,7 +24,9 @@ Kinds of events
              (on the event channel, so it keeps its order with log records; the kernel cuts it into lines).
              A worker sends it as a *text frame*, whose header is only the tuple ``(0 | 1, text)``
              (``TEXT_STREAMS``: stdout, stderr), without rank, seq, time or kind (``EventWriter.emit_text``);
-             likewise a ``log`` record of ``get_logger`` as ``(LOG_FRAME, seq, time, data)`` (``emit_log``)
+             likewise a ``log`` record of ``get_logger`` (without exc_text, stack or in_order) as a *record
+             frame*, ``(LOG_FRAME, time, level, levelno, logger, message, file, line, function, created, seq)``:
+             its data's values in ``RECORD_KEYS``' order, without the keys (``emit_record``)
 ``result``   data: ``{"type": <type name>, "bytes": <size>, "attachment_bytes", "pickle_bytes", "storages": [sizes]}``;
              attachment: the pickle, then the raw bytes of each tensor storage (``results.py``); or, for a value
              not sent, ``{"type", "kept": False, "reason"}`` and no attachment
@@ -80,9 +82,12 @@ FRAME_HEADER = struct.Struct(">II")
 MARSHAL_VERSION = 2  # no back-references: a fifth faster to read than the default (4), the same to write
 
 # compact frames, whose header is a tuple: (0 | 1, text) is an ``output`` event (its stream: TEXT_STREAMS[0 | 1]),
-# (LOG_FRAME, seq, time, data) a ``log`` event (the rank is the pipe's; the kernel numbers and times text lines)
+# (LOG_FRAME, time, *values) a ``log`` event (the rank is the pipe's; the kernel numbers every event and times text)
 TEXT_STREAMS = ("stdout", "stderr")
 LOG_FRAME = 2
+# a get_logger record's data, in this order (worker_seq: the rank's own count, which the kernel adds to every event)
+RECORD_KEYS = ("level", "levelno", "logger", "message", "file", "line", "function", "created", "worker_seq")
+RECORD_TYPES = (str, int, str, str, str, int, str, float, int)
 
 STATUS = "status"
 STREAM = "stream"
@@ -154,14 +159,43 @@ class StreamLines:
                 for number, text in enumerate(self.texts)]
 
 
+class LogRecords:
+    """Consecutive ``get_logger`` records of one rank (record frames), each kept as the flat tuple ``EventList``
+    keeps: ``(rank, seq, time, "log", RECORD_KEYS, *values)``. Made without a dict or an Event per record; each
+    stage reads the values in place."""
+
+    __slots__ = ("rank", "records")
+    kind = LOG
+
+    def __init__(self, rank: int, records: list[tuple]):
+        self.rank, self.records = rank, records
+
+    @property
+    def time(self) -> float:
+        """When the last record was made."""
+        return self.records[-1][2]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        return f"LogRecords(rank={self.rank}, {self.records!r})"
+
+    def events(self) -> list[Event]:
+        return [_as_event(record) for record in self.records]
+
+
+_RUNS = (StreamLines, LogRecords)
+
+
 def expand_lines(lines) -> list[Event]:
-    """A list of plain lines (Events and ``StreamLines``) as Events, one per line."""
-    return [event for item in lines for event in (item.events() if type(item) is StreamLines else (item,))]
+    """A list of plain lines (Events, ``StreamLines`` and ``LogRecords``) as Events, one per line."""
+    return [event for item in lines for event in (item.events() if type(item) in _RUNS else (item,))]
 
 
 def count_lines(lines) -> int:
     """How many lines a list of plain lines holds."""
-    return sum(len(item.texts) if type(item) is StreamLines else 1 for item in lines)
+    return sum(len(item) if type(item) in _RUNS else 1 for item in lines)
 
 
 class EventList(Sequence):
@@ -191,6 +225,11 @@ class EventList(Sequence):
         tuple shared by every record that has the same keys."""
         keys, items, starts, count = _SHARED_KEYS, self._items, self._starts, self._count
         for item in lines:
+            if type(item) is LogRecords:
+                starts.extend(range(count, count + len(item.records)))
+                items += item.records
+                count += len(item.records)
+                continue
             starts.append(count)
             if type(item) is StreamLines:
                 items.append((item.rank, item.seq, item.time, item.stream, tuple(item.texts)))
@@ -305,14 +344,15 @@ class EventWriter:
             if written < len(frame):  # a pipe takes a small frame whole; a large one perhaps in parts
                 write_all(self.fd, memoryview(frame)[written:])
 
-    def emit_log(self, data: dict) -> None:
-        """A ``log`` event as a log frame: its header is only ``(LOG_FRAME, seq, time, data)``."""
+    def emit_record(self, values: tuple) -> None:
+        """A ``log`` event of ``get_logger`` as a record frame, ``(LOG_FRAME, time, *values, seq)``: ``values``
+        are its data's first eight (``RECORD_KEYS``, of ``RECORD_TYPES``), sent without their keys."""
         with self._lock:
             self._seq = seq = self._seq + 1
-            header = marshal.dumps((LOG_FRAME, seq, time.monotonic(), data), MARSHAL_VERSION)
+            header = marshal.dumps((LOG_FRAME, time.monotonic(), *values, seq), MARSHAL_VERSION)
             frame = FRAME_HEADER.pack(len(header), 0) + header
             if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
-                frame = _shrink_to_pipe_buf(self.rank, seq, LOG, data)
+                frame = _shrink_to_pipe_buf(self.rank, seq, LOG, dict(zip(RECORD_KEYS, values)))
             written = os.write(self.fd, frame)
             if written < len(frame):
                 write_all(self.fd, memoryview(frame)[written:])

@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Mapping
 
-from .events import LOG, EventWriter
+from .events import LOG, RECORD_KEYS, EventWriter
 
 _channel: EventWriter | None = None
 _in_order_calls = 0
@@ -52,7 +52,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if not kwargs and _channel is not None and _FAST_CALLER and type(level) is int \
                 and type(self) is MultiProcessAdapter and _only_event_handler(self.logger):
             try:
-                _channel.emit_log(_record_data(self.logger, level, msg, args, stacklevel, order))
+                values = _record_values(self.logger, level, msg, args, stacklevel)
+                if order is None and type(values[0]) is type(values[2]) is str and type(values[5]) is int:
+                    _channel.emit_record(values)  # (RECORD_TYPES: a custom level's name or a logger's may not be)
+                else:
+                    _channel.emit(LOG, {**dict(zip(RECORD_KEYS, values)), **({} if order is None else
+                                                                             {"in_order": order})})
                 return
             except Exception:  # noqa: BLE001 - a message that does not format: logging's own path reports it
                 pass
@@ -157,15 +162,15 @@ def _only_event_handler(logger: logging.Logger) -> bool:
     return not handler.filters and handler.level == logging.NOTSET and type(handler) is EventLogHandler
 
 
-# _record_data finds the caller as Python 3.11's Logger.findCaller does (3.10's counts stacklevel otherwise):
+# _record_values finds the caller as Python 3.11's Logger.findCaller does (3.10's counts stacklevel otherwise):
 # on older Pythons every record takes logging's own path
 _FAST_CALLER = sys.version_info >= (3, 11)
 
 
-def _record_data(logger: logging.Logger, level: int, msg, args, stacklevel: int, order) -> dict:
-    """What ``EventLogHandler.emit`` sends for a record of this call, made without the record: the same
-    message (``LogRecord.getMessage``) and the same caller (``Logger.findCaller``: logging's own frames skipped,
-    ``stacklevel`` frames up from the caller of ``log``)."""
+def _record_values(logger: logging.Logger, level: int, msg, args, stacklevel: int) -> tuple:
+    """The values of what ``EventLogHandler.emit`` sends for a record of this call (``RECORD_KEYS``' first
+    eight), made without the record: the same message (``LogRecord.getMessage``) and the same caller
+    (``Logger.findCaller``: logging's own frames skipped, ``stacklevel`` frames up from the caller of ``log``)."""
     if args and len(args) == 1 and isinstance(args[0], Mapping) and args[0]:
         args = args[0]
     message = str(msg)
@@ -181,11 +186,8 @@ def _record_data(logger: logging.Logger, level: int, msg, args, stacklevel: int,
             stacklevel -= 1
         frame = frame.f_back
     code = frame.f_code
-    data = {"level": logging.getLevelName(level), "levelno": level, "logger": logger.name, "message": message,
-            "file": code.co_filename, "line": frame.f_lineno, "function": code.co_name, "created": time.time()}
-    if order is not None:
-        data["in_order"] = order
-    return data
+    return (logging.getLevelName(level), level, logger.name, message, code.co_filename, frame.f_lineno, code.co_name,
+            time.time())
 
 
 def install_event_logging(channel: EventWriter, kernel_streams) -> None:

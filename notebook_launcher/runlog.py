@@ -8,7 +8,7 @@ import re
 import shutil
 import time
 
-from .events import LOG, Event, StreamLines
+from .events import LOG, RECORD_KEYS, RECORD_TYPES, Event, LogRecords, StreamLines
 
 
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
@@ -72,6 +72,8 @@ class RunLog:
                 out += [f'{head}{seq + number}{tail}{_string(text)}}}}}\n' for number, text in enumerate(item.texts)]
             elif type(item) is StreamLines:
                 out += map(_line, item.events())
+            elif type(item) is LogRecords:
+                out += map(_record_tuple_line, item.records)
             else:
                 out.append(item.kind == LOG and _record_line(item) or _line(item))
         self._events.write("".join(out))
@@ -106,22 +108,23 @@ def _line(event: Event) -> str:
         return json.dumps(_plain(event.to_json()), default=str) + "\n"
 
 
-_RECORD_KEYS = ("level", "levelno", "logger", "message", "file", "line", "function", "created", "worker_seq")
-_RECORD_TYPES = (str, int, str, str, str, int, str, float, int)
-
-
 def _record_line(event: Event) -> str:
-    """``_line`` of a get_logger record of the usual shape (these keys in this order, these types), written
-    field by field: its JSON encoder's walk was 40% of the kernel's time for a record in a flood. "" for any
-    other record."""
+    """``_line`` of a record Event of the usual shape (``RECORD_KEYS`` in their order, of ``RECORD_TYPES``), as
+    ``_record_tuple_line`` writes it; "" for any other record."""
     data = event.data
-    if len(data) != 9 or tuple(data) != _RECORD_KEYS or type(event.seq) is not int or type(event.rank) is not int \
-            or type(event.time) is not float or tuple(map(type, values := tuple(data.values()))) != _RECORD_TYPES:
+    if len(data) != 9 or tuple(data) != RECORD_KEYS or type(event.seq) is not int or type(event.rank) is not int \
+            or type(event.time) is not float or tuple(map(type, values := tuple(data.values()))) != RECORD_TYPES:
         return ""
-    level, levelno, logger, message, file, line, function, created, worker_seq = values
-    if event.time - event.time != 0 or created - created != 0:
-        return ""  # (NaN or an infinity: as json writes them)
-    return (f'{{"rank":{event.rank},"seq":{event.seq},"time":{event.time!r},"kind":"log","data":{{'
+    return _record_tuple_line((event.rank, event.seq, event.time, LOG, RECORD_KEYS, *values))
+
+
+def _record_tuple_line(record: tuple) -> str:
+    """``_line`` of a get_logger record kept flat (``LogRecords``: its types checked when its frame was read),
+    written field by field: the JSON encoder's walk was 40% of the kernel's time for a record in a flood."""
+    rank, seq, when, _, _, level, levelno, logger, message, file, line, function, created, worker_seq = record
+    if when - when != 0 or created - created != 0:  # NaN or an infinity: as json writes them
+        return _line(Event(rank, seq, when, LOG, dict(zip(RECORD_KEYS, record[5:]))))
+    return (f'{{"rank":{rank},"seq":{seq},"time":{when!r},"kind":"log","data":{{'
             f'"level":{_string(level)},"levelno":{levelno},"logger":{_string(logger)},"message":{_string(message)},'
             f'"file":{_string(file)},"line":{line},"function":{_string(function)},"created":{created!r},'
             f'"worker_seq":{worker_seq}}}}}\n')

@@ -124,16 +124,25 @@ def text_frame(header) -> bytes:
     return struct.pack(">II", len(payload), 0) + payload
 
 
+RECORD = ("INFO", 20, "train", "a record", "/x.py", 3, "f", 1.7e9)  # RECORD_KEYS' values, worker_seq aside
+
+
 def test_compact_frames_are_prints_and_log_records_and_a_malformed_one_is_a_corrupt_stream():
     demux = RankDemux(rank=1)
-    events = flat(demux.feed("events", text_frame((0, "printed\nand more\n")) + text_frame((1, "to stderr\n"))
-                             + text_frame((2, 7, 12.5, {"level": "INFO", "message": "a record"}))))
+    items = list(demux.feed("events", text_frame((0, "printed\nand more\n")) + text_frame((1, "to stderr\n"))
+                            + text_frame((2, 12.5, *RECORD, 7)) + text_frame((2, 13.5, *RECORD, 8))))
+    assert [type(item).__name__ for item in items[0]] == ["StreamLines", "StreamLines", "LogRecords"]
+    events = flat(items)
     assert [(e.data["stream"], e.data["text"]) for e in events[:3]] == [
         ("stdout", "printed"), ("stdout", "and more"), ("stderr", "to stderr")]
-    assert (events[3].kind, events[3].time, events[3].data) == (
-        LOG, 12.5, {"level": "INFO", "message": "a record", "worker_seq": 7})
+    assert [(e.kind, e.seq, e.time) for e in events[3:]] == [(LOG, 4, 12.5), (LOG, 5, 13.5)]
+    assert events[3].data == {"level": "INFO", "levelno": 20, "logger": "train", "message": "a record",
+                              "file": "/x.py", "line": 3, "function": "f", "created": 1.7e9, "worker_seq": 7}
+    wrong_types = [(2, 1.0, *RECORD[:index], value, *RECORD[index + 1:], 7)
+                   for index, value in enumerate((None, 20.0, b"train", 5, None, True, 0, 1))]
     for bad in ((3, "no such stream"), (0, b"bytes"), (0,), (0, "x", 1), (True, "a bool is no stream"), [0, "x"],
-                (2, 1, 1.0), (2, "1", 1.0, {}), (2, 1, "now", {}), (2, 1, 1.0, ["data"]), (2, 1, 1.0, {}, 0)):
+                (2, 1, 1.0), (2, 1, 1.0, {}), (2, 1.0, *RECORD), (2, 1.0, *RECORD, 7, 8), (2, "now", *RECORD, 7),
+                (2, 1.0, *RECORD, 7.0), (3, 1.0, *RECORD, 7), *wrong_types):
         demux = RankDemux(rank=1)
         events = flat(demux.feed("events", text_frame((0, "before\n")) + text_frame(bad)))
         assert lines(events) == ["before"], bad
@@ -142,11 +151,10 @@ def test_compact_frames_are_prints_and_log_records_and_a_malformed_one_is_a_corr
 
 def test_a_log_record_whose_in_order_is_no_count_is_a_corrupt_stream_not_a_kernel_error():
     for bad in ("x", [1], True, 0, -3, 1.5):
-        for frame in (encode_frame(0, 2, LOG, {"message": "m", "in_order": bad}),
-                      text_frame((2, 2, 1.0, {"message": "m", "in_order": bad}))):
-            demux = RankDemux(rank=0)
-            events = flat(demux.feed("events", text_frame((0, "before\n")) + frame))
-            assert lines(events) == ["before"], bad
-            assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], bad
-    good = flat(RankDemux(rank=0).feed("events", text_frame((2, 2, 1.0, {"message": "m", "in_order": 4}))))
+        demux = RankDemux(rank=0)
+        frame = encode_frame(0, 2, LOG, {"message": "m", "in_order": bad})
+        events = flat(demux.feed("events", text_frame((0, "before\n")) + frame))
+        assert lines(events) == ["before"], bad
+        assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], bad
+    good = flat(RankDemux(rank=0).feed("events", encode_frame(0, 2, LOG, {"message": "m", "in_order": 4})))
     assert good[0].data["in_order"] == 4

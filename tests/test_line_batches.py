@@ -9,7 +9,7 @@ import sys
 
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import LOG, STREAM, Event, EventList, StreamLines
+from notebook_launcher.events import LOG, RECORD_KEYS, STREAM, Event, EventList, LogRecords, StreamLines
 from notebook_launcher.failure import FailureTracker
 from notebook_launcher.runlog import RunLog
 
@@ -31,7 +31,7 @@ def random_lines(seed: int, count: int = 400) -> list[Event]:
         if rng.random() < 0.3:
             data = {"level": rng.choice(("INFO", "WARNING", "")), "levelno": 20, "logger": rng.choice(("train", "a.b")),
                     "message": rng.choice(TEXTS + ["two\nlines"]), "file": "/x.py", "line": 3, "function": "f",
-                    "created": 1.7e9 + rng.random(), "worker_seq": seq[rank]}
+                    "created": 1.7e9 + rng.random(), "worker_seq": rng.randrange(1, 10**6)}
             if rng.random() < 0.2:
                 data["exc_text"] = "Traceback (most recent call last):\n  boom"
             events.append(Event(rank, seq[rank], when + rng.random(), LOG, data if rng.random() < 0.95 else {}))
@@ -46,11 +46,18 @@ def random_lines(seed: int, count: int = 400) -> list[Event]:
 
 def as_the_demux_passes_them(events: list[Event]) -> list:
     """The same lines as the demux passes them on: each run of stream lines of one rank, stream and read (and
-    numbered one after the other) as one ``StreamLines``; log records as they are."""
+    numbered one after the other) as one ``StreamLines``; each run of get_logger records of one rank (as record
+    frames bring them: the usual keys, of the usual types) as one ``LogRecords``; other log records as they are."""
     lines: list = []
     for event in events:
         last = lines[-1] if lines else None
-        if event.kind != STREAM:
+        if event.kind == LOG and tuple(event.data) == RECORD_KEYS:
+            record = (event.rank, event.seq, event.time, LOG, RECORD_KEYS, *event.data.values())
+            if type(last) is LogRecords and last.rank == event.rank:
+                last.records.append(record)
+            else:
+                lines.append(LogRecords(event.rank, [record]))
+        elif event.kind != STREAM:
             lines.append(event)
         elif type(last) is StreamLines and (last.rank, last.stream, last.time, last.seq + len(last.texts)) == (
                 event.rank, event.data["stream"], event.time, event.seq):
@@ -82,6 +89,8 @@ def test_run_events_give_back_the_lines_kept_and_the_collector_does_not_track_th
     kept.append(Event(0, 0, 1.0, "status", {"state": "running"}))
     lines = as_the_demux_passes_them(events)
     assert sum(type(line) is StreamLines and len(line) > 2 for line in lines) > 10  # (runs, not single lines only)
+    assert sum(type(line) is LogRecords for line in lines) > 10 and any(len(line) > 1 for line in lines
+                                                                        if type(line) is LogRecords)
     kept.extend_lines(lines)
     assert list(kept) == [Event(0, 0, 1.0, "status", {"state": "running"}), *events]
     assert [kept[index] for index in range(-len(kept), len(kept))] == [*kept, *kept]  # each found by its index

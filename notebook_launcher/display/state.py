@@ -21,7 +21,7 @@ from collections import deque
 
 from ..balance import BalanceBook
 from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
-                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event, StreamLines)
+                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event, LogRecords, StreamLines)
 from .describe import describe
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
@@ -123,6 +123,9 @@ class RunState:
                 rank.lines_total += count
                 self.changes += count
                 continue
+            if type(item) is LogRecords:
+                self._records(item)
+                continue
             data = item.data
             text = data.get("text")
             if item.kind != STREAM or len(data) != 2 or type(text) is not str or "|" in text:
@@ -134,6 +137,19 @@ class RunState:
             rank.lines.append({"n": self._line_count, "t": round(max(0.0, item.time - started), 3),
                                "kind": data["stream"], "text": text[:MAX_TEXT]})
             self.changes += 1
+
+    def _records(self, item: LogRecords) -> None:
+        """``_on_log`` for each record of ``item`` (whose values are ``RECORD_KEYS``' from the sixth on), made
+        only for those the rank's column keeps."""
+        rank, started = self.ranks.get(item.rank) or self._rank(item), self._started
+        count, first_number, kept = len(item.records), self._line_count + 1, rank.lines.maxlen
+        skipped = max(0, count - kept) if kept is not None else 0
+        rank.lines.extend({"n": first_number + number, "t": round(max(0.0, record[2] - started), 3), "kind": LOG,
+                           "text": record[8][:MAX_TEXT], "level": record[5], "logger": record[7]}
+                          for number, record in enumerate(item.records[skipped:], skipped))
+        self._line_count += count
+        rank.lines_total += count
+        self.changes += count
 
     def set_ranks(self, ranks) -> None:
         """This node's global ranks, once a rendezvous has assigned them; columns of other ranks go."""

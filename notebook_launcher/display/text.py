@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import FAILURE, LOG, STREAM, Event, StreamLines
+from ..events import FAILURE, LOG, RECORD_KEYS, STREAM, Event, LogRecords, StreamLines
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 
@@ -51,7 +51,8 @@ class TextDisplay(Display):
         self._write("stderr" if said.kind in STDERR_KINDS else "stdout", text)
 
     def show_lines(self, lines: list) -> None:
-        """``show`` for plain lines read together (Events and ``StreamLines``): each stream's lines in one write."""
+        """``show`` for plain lines read together (Events, ``StreamLines``, ``LogRecords``): each stream's lines in
+        one write."""
         parts: list[str] = []
         target = self._last_stream
         for item in lines:
@@ -59,6 +60,8 @@ class TextDisplay(Display):
             if type(item) is StreamLines:
                 stream = "stderr" if item.stream == "stderr" else "stdout"
                 text = prefix + ("\n" + prefix).join(item.texts) + "\n"
+            elif type(item) is LogRecords:
+                stream, text = "stdout", "".join([_record_text(record, prefix) for record in item.records])
             elif item.kind == STREAM and len(data := item.data) == 2:  # {"stream", "text"}
                 stream, text = data.get("stream"), f"{prefix}{data.get('text')}\n"
                 if stream != "stderr":
@@ -98,6 +101,15 @@ class TextDisplay(Display):
     def note(text: str) -> None:
         sys.stdout.write(f"{launcher_line(text)}\n")
         sys.stdout.flush()
+
+
+def _record_text(record: tuple, prefix: str) -> str:
+    """What ``show`` writes for a record of ``LogRecords`` (its level, logger and message are its 6th, 8th and 9th
+    values): ``describe``'s one line, made without the Description when it is printable as it is."""
+    line = log_line(record[5], record[7], record[8])
+    if line.isprintable():
+        return f"{prefix}{line}\n"
+    return "".join(f"{prefix}{line}\n" for line in describe(LOG, dict(zip(RECORD_KEYS, record[5:]))).said)
 
 
 def _one_line_record(data: dict) -> str:
