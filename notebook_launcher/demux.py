@@ -13,8 +13,9 @@ import time
 from typing import Iterator
 
 from .decoding import FrameDecoder, LineSplitter, event_from_frame
-from .events import (CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, LOG_FRAME, OUTPUT, RECORD_KEYS, STREAM,
-                     TEXT_STREAMS, TRUNCATED_EVENT, Event, LogRecords, StreamLines)
+from .events import (CORRUPT_EVENT_STREAM, FAILURE, KERNEL_ONLY_KINDS, LOG, LOG_FRAME, OUTPUT, STREAM, TEXT_STREAMS,
+                     TRUNCATED_EVENT, Event)
+from .lines import LogRecords, StreamLines
 from .results import result_sinks
 
 CHANNELS = ("events", "stdout", "stderr")
@@ -60,11 +61,10 @@ class RankDemux:
         for header, attachment in decoder.feed(chunk):
             if type(header) is tuple and header[0] == LOG_FRAME:  # a record frame: (LOG_FRAME, time, *values)
                 self.seq += 1
-                record = (rank, self.seq, header[1], LOG, RECORD_KEYS, *header[2:])  # (as EventList keeps it)
-                if lines and type(lines[-1]) is LogRecords:
-                    lines[-1].records.append(record)
+                if lines and type(lines[-1]) is LogRecords:  # (then numbered just before this one)
+                    lines[-1].frames.append(header)
                 else:
-                    lines.append(LogRecords(rank, [record]))
+                    lines.append(LogRecords(rank, self.seq, [header]))
             elif type(header) is tuple or header["kind"] == OUTPUT:  # a text frame (0 | 1, text), or an output event
                 stream, text = (TEXT_STREAMS[header[0]], header[1]) if type(header) is tuple else (
                     "stderr" if header["data"].get("stream") == "stderr" else "stdout",

@@ -13,7 +13,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from .events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event, StreamLines
+from .events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
+from .lines import StreamLines
 from .stacks import cell_names, user_stack
 
 _LOST_PEER = re.compile(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import time
 
-from .events import PROGRESS, STATUS, STREAM, expand_lines
+from .events import PROGRESS, STATUS, STREAM
+from .lines import expand_lines
 from .progress_record import ProgressRecord
 from .stacks import cell_names, innermost_user_frame, user_stack
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .events import EXIT, LOG, STATUS, STREAM, Event, expand_lines
+from .events import EXIT, LOG, STATUS, STREAM, Event
+from .lines import expand_lines
 
 STALL_BOUND_S = 2.0
 

@@ -8,7 +8,8 @@ import re
 import shutil
 import time
 
-from .events import LOG, RECORD_KEYS, RECORD_TYPES, Event, LogRecords, StreamLines
+from .events import LOG, RECORD_KEYS, RECORD_TYPES, Event
+from .lines import LogRecords, StreamLines
 
 
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
@@ -73,7 +74,8 @@ class RunLog:
             elif type(item) is StreamLines:
                 out += map(_line, item.events())
             elif type(item) is LogRecords:
-                out += map(_record_tuple_line, item.records)
+                rank, seq = item.rank, item.seq
+                out += [_record_line_of_frame(rank, seq + number, frame) for number, frame in enumerate(item.frames)]
             else:
                 out.append(item.kind == LOG and _record_line(item) or _line(item))
         self._events.write("".join(out))
@@ -115,15 +117,15 @@ def _record_line(event: Event) -> str:
     if len(data) != 9 or tuple(data) != RECORD_KEYS or type(event.seq) is not int or type(event.rank) is not int \
             or type(event.time) is not float or tuple(map(type, values := tuple(data.values()))) != RECORD_TYPES:
         return ""
-    return _record_tuple_line((event.rank, event.seq, event.time, LOG, RECORD_KEYS, *values))
+    return _record_line_of_frame(event.rank, event.seq, (0, event.time, *values))
 
 
-def _record_tuple_line(record: tuple) -> str:
-    """``_line`` of a get_logger record kept flat (``LogRecords``: its types checked when its frame was read),
-    written field by field: the JSON encoder's walk was 40% of the kernel's time for a record in a flood."""
-    rank, seq, when, _, _, level, levelno, logger, message, file, line, function, created, worker_seq = record
+def _record_line_of_frame(rank: int, seq: int, frame: tuple) -> str:
+    """``_line`` of a get_logger record from its record frame (``LogRecords``: its types checked when it was
+    read), written field by field: the JSON encoder's walk was 40% of the kernel's time for a record in a flood."""
+    _, when, level, levelno, logger, message, file, line, function, created, worker_seq = frame
     if when - when != 0 or created - created != 0:  # NaN or an infinity: as json writes them
-        return _line(Event(rank, seq, when, LOG, dict(zip(RECORD_KEYS, record[5:]))))
+        return _line(Event(rank, seq, when, LOG, dict(zip(RECORD_KEYS, frame[2:]))))
     return (f'{{"rank":{rank},"seq":{seq},"time":{when!r},"kind":"log","data":{{'
             f'"level":{_string(level)},"levelno":{levelno},"logger":{_string(logger)},"message":{_string(message)},'
             f'"file":{_string(file)},"line":{line},"function":{_string(function)},"created":{created!r},'

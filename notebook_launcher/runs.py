@@ -13,7 +13,7 @@ from typing import Any
 
 from .balance import Balance, BalanceBook
 from .errors import RunNotFoundError
-from .events import EventList
+from .lines import EventList
 from .failure import RankFailure
 from .runlog import RUN_ID, runs_root
 

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from .demux import CHANNELS, RankDemux
-from .events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec, expand_lines
+from .events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
+from .lines import expand_lines
 from .handles import WorkerProcess
 from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt

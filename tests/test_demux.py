@@ -4,7 +4,8 @@ import struct
 
 from notebook_launcher.demux import RankDemux
 from notebook_launcher.events import (CORRUPT_EVENT_STREAM, FAILURE, LOG, OUTPUT, STREAM, TRUNCATED_EVENT,
-                                      encode_frame, expand_lines)
+                                      encode_frame)
+from notebook_launcher.lines import expand_lines
 
 
 def flat(items):

@@ -9,7 +9,8 @@ import sys
 
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import LOG, RECORD_KEYS, STREAM, Event, EventList, LogRecords, StreamLines
+from notebook_launcher.events import LOG, LOG_FRAME, RECORD_KEYS, STREAM, Event
+from notebook_launcher.lines import EventList, LogRecords, StreamLines
 from notebook_launcher.failure import FailureTracker
 from notebook_launcher.runlog import RunLog
 
@@ -52,11 +53,11 @@ def as_the_demux_passes_them(events: list[Event]) -> list:
     for event in events:
         last = lines[-1] if lines else None
         if event.kind == LOG and tuple(event.data) == RECORD_KEYS:
-            record = (event.rank, event.seq, event.time, LOG, RECORD_KEYS, *event.data.values())
-            if type(last) is LogRecords and last.rank == event.rank:
-                last.records.append(record)
+            frame = (LOG_FRAME, event.time, *event.data.values())
+            if type(last) is LogRecords and (last.rank, last.seq + len(last)) == (event.rank, event.seq):
+                last.frames.append(frame)
             else:
-                lines.append(LogRecords(event.rank, [record]))
+                lines.append(LogRecords(event.rank, event.seq, [frame]))
         elif event.kind != STREAM:
             lines.append(event)
         elif type(last) is StreamLines and (last.rank, last.stream, last.time, last.seq + len(last.texts)) == (

@@ -153,6 +153,24 @@ def test_outside_a_launch_the_process_is_rank_0_and_the_root_logger_is_untouched
     assert caplog.records[0].funcName == "test_outside_a_launch_the_process_is_rank_0_and_the_root_logger_is_untouched"
 
 
+def test_a_copied_or_pickled_logger_logs_through_its_own_logger_after_the_original_was_used(caplog):
+    import copy
+    import pickle
+
+    original = get_logger("first", log_level="INFO")
+    original.info("from the original")  # (its level methods are now kept on it)
+    copied = copy.copy(original)
+    copied.logger = logging.getLogger("second")
+    restored = pickle.loads(pickle.dumps(original))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        copied.info("from the copy")
+        restored.warning("from the pickle")
+        original.info("the original again")
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("second", "from the copy"), ("first", "from the pickle"), ("first", "the original again")]
+
+
 def test_under_torchrun_the_rank_comes_from_the_environment(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""

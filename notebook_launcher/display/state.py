@@ -21,7 +21,8 @@ from collections import deque
 
 from ..balance import BalanceBook
 from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
-                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event, LogRecords, StreamLines)
+                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
+from ..lines import LogRecords, StreamLines
 from .describe import describe
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
@@ -139,14 +140,13 @@ class RunState:
             self.changes += 1
 
     def _records(self, item: LogRecords) -> None:
-        """``_on_log`` for each record of ``item`` (whose values are ``RECORD_KEYS``' from the sixth on), made
-        only for those the rank's column keeps."""
+        """``_on_log`` for each record frame of ``item``, made only for those the rank's column keeps."""
         rank, started = self.ranks.get(item.rank) or self._rank(item), self._started
-        count, first_number, kept = len(item.records), self._line_count + 1, rank.lines.maxlen
+        count, first_number, kept = len(item.frames), self._line_count + 1, rank.lines.maxlen
         skipped = max(0, count - kept) if kept is not None else 0
-        rank.lines.extend({"n": first_number + number, "t": round(max(0.0, record[2] - started), 3), "kind": LOG,
-                           "text": record[8][:MAX_TEXT], "level": record[5], "logger": record[7]}
-                          for number, record in enumerate(item.records[skipped:], skipped))
+        rank.lines.extend({"n": first_number + number, "t": round(max(0.0, frame[1] - started), 3), "kind": LOG,
+                           "text": frame[5][:MAX_TEXT], "level": frame[2], "logger": frame[4]}
+                          for number, frame in enumerate(item.frames[skipped:], skipped))
         self._line_count += count
         rank.lines_total += count
         self.changes += count

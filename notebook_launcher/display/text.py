@@ -10,7 +10,8 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import FAILURE, LOG, RECORD_KEYS, STREAM, Event, LogRecords, StreamLines
+from ..events import FAILURE, LOG, RECORD_KEYS, STREAM, Event
+from ..lines import LogRecords, StreamLines
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 
@@ -61,7 +62,7 @@ class TextDisplay(Display):
                 stream = "stderr" if item.stream == "stderr" else "stdout"
                 text = prefix + ("\n" + prefix).join(item.texts) + "\n"
             elif type(item) is LogRecords:
-                stream, text = "stdout", "".join([_record_text(record, prefix) for record in item.records])
+                stream, text = "stdout", "".join([_record_text(frame, prefix) for frame in item.frames])
             elif item.kind == STREAM and len(data := item.data) == 2:  # {"stream", "text"}
                 stream, text = data.get("stream"), f"{prefix}{data.get('text')}\n"
                 if stream != "stderr":
@@ -103,13 +104,13 @@ class TextDisplay(Display):
         sys.stdout.flush()
 
 
-def _record_text(record: tuple, prefix: str) -> str:
-    """What ``show`` writes for a record of ``LogRecords`` (its level, logger and message are its 6th, 8th and 9th
-    values): ``describe``'s one line, made without the Description when it is printable as it is."""
-    line = log_line(record[5], record[7], record[8])
+def _record_text(frame: tuple, prefix: str) -> str:
+    """What ``show`` writes for a record frame of ``LogRecords``: ``describe``'s one line, made without the
+    Description when it is printable as it is."""
+    line = log_line(frame[2], frame[4], frame[5])
     if line.isprintable():
         return f"{prefix}{line}\n"
-    return "".join(f"{prefix}{line}\n" for line in describe(LOG, dict(zip(RECORD_KEYS, record[5:]))).said)
+    return "".join(f"{prefix}{line}\n" for line in describe(LOG, dict(zip(RECORD_KEYS, frame[2:]))).said)
 
 
 def _one_line_record(data: dict) -> str:

@@ -13,8 +13,8 @@ import dataclasses
 import time
 from typing import Any
 
-from ..events import (BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event, count_lines,
-                      expand_lines)
+from ..events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
+from ..lines import count_lines, expand_lines
 from ..failure import FailureTracker, root_cause
 from ..ordering import InOrderRelease
 from ..results import unpack_result
