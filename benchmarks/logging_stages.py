@@ -22,15 +22,15 @@ from timeit import repeat
 from common import HERE, write_json
 
 from notebook_launcher import logging as nl_logging
-from notebook_launcher.demux import RankDemux
+from notebook_launcher.demux import LINES_READ_BYTES, RankDemux
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventList, EventWriter, encode_frame
+from notebook_launcher.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventWriter, encode_frame
+from notebook_launcher.lines import EventList, expand_lines
 from notebook_launcher.ordering import InOrderRelease
 from notebook_launcher.runlog import RunLog
 
 N = 20_000
-BATCH = 200  # lines passed on together: about what one 32 KB read of a flood holds (130 log lines, 360 prints)
 RESULTS = os.path.join(HERE, "results", "logging_stages.json")
 
 
@@ -113,17 +113,15 @@ def compact_frame(header: tuple) -> bytes:
 
 
 def kernel_side(directory: str) -> dict:
-    data = {"level": "INFO", "levelno": 20, "logger": "bench", "message": "", "file": __file__, "line": 1,
-            "function": "log_lines", "created": 0.0}
-    frames = b"".join(compact_frame((LOG_FRAME, i, 1.0 + i, {**data, "message": f"line {i} of rank 0"}))
-                      for i in range(N))  # as a worker's get_logger sends them (EventWriter.emit_log)
+    values = ("INFO", 20, "bench", "", __file__, 1, "log_lines", 1.7e9)
+    frames = b"".join(compact_frame((LOG_FRAME, 1.0 + i, *values[:3], f"line {i} of rank 0", *values[4:], i))
+                      for i in range(N))  # as a worker's get_logger sends them (EventWriter.emit_record)
     prints = b"".join(compact_frame((0, f"line {i} of rank 0\n")) for i in range(N))  # and its print (emit_text)
-    events = [event for item in RankDemux(0).feed("events", frames) for event in item]  # (lists of lines)
-    print_events = [event for item in RankDemux(0).feed("events", prints) for event in item]
+    record_lists, print_lists = demuxed(frames), demuxed(prints)  # what the demux passes on, read by read
+    events = [event for lines in record_lists for event in expand_lines(lines)]
     run_log = RunLog(os.path.join(directory, "runs"))
     text = TextDisplay("[rank ${rank}] ")
     order = InOrderRelease([0, 1], lambda event: None)
-    state = RunState("bench", directory, "cpu", "gloo", "fork", 2, 2, range(2))
     sink = io.StringIO()
 
     def show():
@@ -131,32 +129,47 @@ def kernel_side(directory: str) -> dict:
             for event in events:
                 text.show(event)
 
-    def show_lines(lines):
+    def show_lines(lists):
         with contextlib.redirect_stdout(sink):
-            for start in range(0, len(lines), BATCH):
-                text.show_lines(lines[start:start + BATCH])
+            for lines in lists:
+                text.show_lines(lines)
 
-    def together(stage, lines):
-        return lambda: [stage(lines[start:start + BATCH]) for start in range(0, len(lines), BATCH)]
+    def each(stage, lists):
+        return lambda: [stage(lines) for lines in lists]
+
+    def panel(lists):
+        state = RunState("bench", directory, "cpu", "gloo", "fork", 2, 2, range(2))
+        for lines in lists:
+            state.observe_lines(lines)
+        return state.to_json()  # (the panel's lines are made when it is read)
 
     try:
         return {
-            "decode frames into log events (RankDemux.feed)": per_line(lambda: list(RankDemux(0).feed("events", frames))),
-            "decode print frames into stream events": per_line(lambda: list(RankDemux(0).feed("events", prints))),
+            "decode record frames (RankDemux.feed, 32 KB reads)": per_line(lambda: demuxed(frames)),
+            "decode print frames": per_line(lambda: demuxed(prints)),
             "run log line, one by one (RunLog.write)": per_line(lambda: [run_log.write(event) for event in events]),
-            "run log, log lines together (RunLog.write_lines)": per_line(together(run_log.write_lines, events)),
-            "run log, print lines together": per_line(together(run_log.write_lines, print_events)),
-            "Run.events, lines kept (EventList.extend_lines)": per_line(together(EventList().extend_lines, events)),
-            "in-order buffer (InOrderRelease.push)": per_line(lambda: [order.push(event) for event in events]),
+            "run log, records as the demux passes them (write_lines)": per_line(each(run_log.write_lines,
+                                                                                      record_lists)),
+            "run log, prints as the demux passes them": per_line(each(run_log.write_lines, print_lists)),
+            "Run.events, records kept (EventList.extend_lines)": per_line(each(EventList().extend_lines, record_lists)),
+            "in-order buffer, one by one (InOrderRelease.push)": per_line(lambda: [order.push(event) for event in events]),
             "text display, one by one (TextDisplay.show, to a StringIO)": per_line(show),
-            "text display, log lines together (show_lines)": per_line(lambda: show_lines(events)),
-            "text display, print lines together": per_line(lambda: show_lines(print_events)),
-            "panel state, one by one (RunState.observe)": per_line(lambda: [state.observe(event) for event in events]),
-            "panel state, print lines together (observe_lines)": per_line(together(state.observe_lines,
-                                                                                   print_events)),
+            "text display, records together (show_lines)": per_line(lambda: show_lines(record_lists)),
+            "text display, prints together": per_line(lambda: show_lines(print_lists)),
+            "panel state, one by one (RunState.observe)": per_line(lambda: panel([[event] for event in events])),
+            "panel state, records together, then read (observe_lines)": per_line(lambda: panel(record_lists)),
+            "panel state, prints together, then read": per_line(lambda: panel(print_lists)),
         }
     finally:
         run_log.close()
+
+
+def demuxed(frames: bytes) -> list:
+    """The lists of lines the demux passes on for ``frames`` read as a flood is, 32 KB at a time."""
+    demux, lists = RankDemux(0), []
+    for start in range(0, len(frames), LINES_READ_BYTES):
+        lists += demux.feed("events", frames[start:start + LINES_READ_BYTES])
+    return lists
 
 
 def main() -> None:

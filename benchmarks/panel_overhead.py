@@ -80,12 +80,8 @@ from common import (
 
 import notebook_launcher as nl_pkg
 from notebook_launcher.display.panel import MAX_UPDATES_PER_S, PanelDisplay
-from notebook_launcher.display.state import (
-    HISTORY_POINTS,
-    LINES_PER_RANK,
-    MIME_TYPE,
-    RunState,
-)
+from notebook_launcher.display.rank_state import HISTORY_POINTS, LINES_PER_RANK
+from notebook_launcher.display.state import MIME_TYPE, RunState
 from notebook_launcher.display.text import TextDisplay
 from notebook_launcher.events import PROGRESS, STREAM, Event
 

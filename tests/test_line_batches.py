@@ -126,13 +126,17 @@ def test_the_text_display_prints_a_list_of_lines_as_it_prints_each_one(monkeypat
 
 def test_the_panel_state_folds_a_list_of_lines_as_it_folds_each_one():
     events = random_lines(4)
-    states = [RunState("run", "/tmp/run", "cpu", "gloo", "fork", 2, 2, [0, 1]) for _ in range(2)]
-    states[1]._started = states[0]._started
-    for event in events:
-        states[0].observe(event)
-    states[1].observe_lines(as_the_demux_passes_them(events))
-    assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
-    assert states[1].changes == states[0].changes
+    for lines_per_rank, chunk in ((200, len(events)), (7, 23), (1, 5)):  # (runs longer than a column, and shorter)
+        states = [RunState("run", "/tmp/run", "cpu", "gloo", "fork", 2, 2, [0, 1], lines_per_rank) for _ in range(2)]
+        states[1]._started = states[0]._started
+        for start in range(0, len(events), chunk):
+            for event in events[start:start + chunk]:
+                states[0].observe(event)
+            states[1].observe_lines(as_the_demux_passes_them(events[start:start + chunk]))
+            if start % (3 * chunk) == 0:  # (read now and then, as the panel's updates do)
+                assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
+        assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
+        assert states[1].changes == states[0].changes
 
 
 def test_the_failure_tracker_keeps_the_same_context_from_a_list_of_lines():

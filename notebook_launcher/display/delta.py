@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 
-from .state import HISTORY_POINTS, RunState
+from .rank_state import HISTORY_POINTS
+from .state import RunState
 
 RANK_FIELDS = ("host", "status", "pid", "exit_code", "progress")
 

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections import deque
 
 from ..balance import BalanceBook
 from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
                       SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
 from ..lines import LogRecords, StreamLines
 from .describe import describe
+from .rank_state import HISTORY_POINTS, LINES_PER_RANK, MAX_TEXT, RankState
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
-LINES_PER_RANK = 200
-HISTORY_POINTS = 200
-MAX_TEXT = 2000  # one line's characters in the panel (the run log keeps all of it)
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
 MAX_NOTES = 50  # the launcher's own lines (hosts' stderr lines among them) kept for the panel
 MAX_HANGS = 10  # earlier hang notices kept for the panel
@@ -44,27 +41,6 @@ _ALIVE = ("starting", "running", *HANG_BADGES.values())  # statuses a notice may
 # tqdm's bar as it prints it: "train:  45%|####5     | 45/100 [00:01<00:01, 40.20it/s]"
 _TQDM = re.compile(r"(?:(?P<desc>[^|:]{0,80}): *)?\d{1,3}%\|[^|]{0,200}\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
 _TQDM_TAIL = 400  # a bar is short: only a line's end is searched, whatever a rank prints (no backtracking blowup)
-
-
-class RankState:
-    def __init__(self, rank: int, lines_per_rank: int):
-        self.rank = rank
-        self.host: str | None = None
-        self.status = "starting"
-        self.pid: int | None = None
-        self.exit_code: int | None = None
-        self.lines: deque = deque(maxlen=lines_per_rank)
-        self.lines_total = 0
-        self.progress: dict | None = None
-        self.history: deque = deque(maxlen=HISTORY_POINTS)
-        self.history_count = 0  # points ever appended (a delta sends the ones since the last)
-        self._last_step: tuple[int, float] | None = None  # (step, time) of the previous report
-
-    def to_json(self) -> dict:
-        return {"rank": self.rank, "host": self.host, "status": self.status, "pid": self.pid,
-                "exit_code": self.exit_code, "lines": list(self.lines), "lines_total": self.lines_total,
-                "lines_dropped": self.lines_total - len(self.lines), "progress": self.progress,
-                "history": list(self.history)}
 
 
 class RunState:
@@ -105,8 +81,8 @@ class RunState:
             self.changes += 1
 
     def observe_lines(self, lines: list) -> None:
-        """``observe`` for plain lines read together (Events and ``StreamLines``); plain stream lines (not a tqdm
-        bar) are added in place, and of a ``StreamLines`` only those the rank's column keeps."""
+        """``observe`` for plain lines read together (Events, ``StreamLines``, ``LogRecords``): plain stream lines
+        (not a tqdm bar) are added in place, runs of lines as they are (``RankState.add_run``)."""
         started, ranks = self._started, self.ranks
         for item in lines:
             if type(item) is StreamLines:
@@ -114,18 +90,12 @@ class RunState:
                     for event in item.events():
                         self.observe(event)
                     continue
+            if type(item) is StreamLines or type(item) is LogRecords:
                 rank = ranks.get(item.rank) or self._rank(item)
-                count, first_number, kept = len(item.texts), self._line_count + 1, rank.lines.maxlen
-                skipped = max(0, count - kept) if kept is not None else 0
-                t = round(max(0.0, item.time - started), 3)
-                rank.lines.extend({"n": first_number + number, "t": t, "kind": item.stream, "text": text[:MAX_TEXT]}
-                                  for number, text in enumerate(item.texts[skipped:], skipped))
-                self._line_count += count
-                rank.lines_total += count
-                self.changes += count
-                continue
-            if type(item) is LogRecords:
-                self._records(item)
+                rank.add_run(self._line_count + 1, started, item)
+                self._line_count += len(item)
+                rank.lines_total += len(item)
+                self.changes += len(item)
                 continue
             data = item.data
             text = data.get("text")
@@ -138,18 +108,6 @@ class RunState:
             rank.lines.append({"n": self._line_count, "t": round(max(0.0, item.time - started), 3),
                                "kind": data["stream"], "text": text[:MAX_TEXT]})
             self.changes += 1
-
-    def _records(self, item: LogRecords) -> None:
-        """``_on_log`` for each record frame of ``item``, made only for those the rank's column keeps."""
-        rank, started = self.ranks.get(item.rank) or self._rank(item), self._started
-        count, first_number, kept = len(item.frames), self._line_count + 1, rank.lines.maxlen
-        skipped = max(0, count - kept) if kept is not None else 0
-        rank.lines.extend({"n": first_number + number, "t": round(max(0.0, frame[1] - started), 3), "kind": LOG,
-                           "text": frame[5][:MAX_TEXT], "level": frame[2], "logger": frame[4]}
-                          for number, frame in enumerate(item.frames[skipped:], skipped))
-        self._line_count += count
-        rank.lines_total += count
-        self.changes += count
 
     def set_ranks(self, ranks) -> None:
         """This node's global ranks, once a rendezvous has assigned them; columns of other ranks go."""
