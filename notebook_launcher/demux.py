@@ -29,12 +29,13 @@ class RankDemux:
     """The events of one rank, numbered per rank (``seq`` is the last number given).
 
     What ``feed`` yields are events and lists of plain lines: consecutive ``stream`` lines (as ``StreamLines``,
-    the texts of one stream and read together) and ``log`` records without ``in_order`` (as Events), which no one
-    holds back and none of which can end the run, so the kernel passes them on together (one call per stage for
-    hundreds of lines, not one per line). Both are made lazily, as the caller
-    iterates, so their numbers follow the order in which the caller passes them on. A rank's text arrives two
-    ways, each cut into lines by a splitter of its own: what its fd 1/2 pipes carry (C++ and subprocess output,
-    and faulthandler's stack dumps) and Python-level writes sent as ``output`` events on the event pipe.
+    the texts of one stream and read together), record frames (as ``LogRecords``) and other ``log`` records
+    without ``in_order`` (as Events), which no one holds back and none of which can end the run, so the kernel
+    passes them on together (one call per stage for hundreds of lines, not one per line; see ``lines.py``). Both
+    are made lazily, as the caller iterates, so their numbers follow the order in which the caller passes them
+    on. A rank's text arrives two ways, each cut into lines by a splitter of its own: what its fd 1/2 pipes carry
+    (C++ and subprocess output, and faulthandler's stack dumps) and Python-level writes sent as ``output`` events
+    on the event pipe.
     """
 
     def __init__(self, rank: int, sinks=result_sinks):

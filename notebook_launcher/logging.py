@@ -55,9 +55,11 @@ class MultiProcessAdapter(logging.LoggerAdapter):
                 values = _record_values(self.logger, level, msg, args, stacklevel)
                 if order is None and type(values[0]) is type(values[2]) is str and type(values[5]) is int:
                     _channel.emit_record(values)  # (RECORD_TYPES: a custom level's name or a logger's may not be)
-                else:
-                    _channel.emit(LOG, {**dict(zip(RECORD_KEYS, values)), **({} if order is None else
-                                                                             {"in_order": order})})
+                    return
+                data = dict(zip(RECORD_KEYS, values))
+                if order is not None:
+                    data["in_order"] = order
+                _channel.emit(LOG, data)
                 return
             except Exception:  # noqa: BLE001 - a message that does not format: logging's own path reports it
                 pass

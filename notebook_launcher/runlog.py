@@ -112,7 +112,7 @@ def _line(event: Event) -> str:
 
 def _record_line(event: Event) -> str:
     """``_line`` of a record Event of the usual shape (``RECORD_KEYS`` in their order, of ``RECORD_TYPES``), as
-    ``_record_tuple_line`` writes it; "" for any other record."""
+    ``_record_line_of_frame`` writes it; "" for any other record."""
     data = event.data
     if len(data) != 9 or tuple(data) != RECORD_KEYS or type(event.seq) is not int or type(event.rank) is not int \
             or type(event.time) is not float or tuple(map(type, values := tuple(data.values()))) != RECORD_TYPES:

@@ -142,6 +142,35 @@ def test_logging_after_an_exception_and_before_a_sigkill_arrives():
     assert [r["message"] for r in records[2:]] == [f"last words {index}" for index in range(200)]
 
 
+def test_records_and_prints_of_a_forked_helper_and_its_rank_arrive_whole_side_by_side():
+    """A DataLoader worker (a process the rank forks) shares the rank's event pipe: each of its frames is one
+    atomic write, a long one cut to fit, so neither its records nor the rank's are torn or lost."""
+    def rank_and_helper():
+        only_our_handler()
+        logger = get_logger("helper", log_level="INFO")
+        child = os.fork()
+        who = "helper" if child == 0 else "rank"
+        for index in range(300):
+            logger.info("%s record %d", who, index, main_process_only=False)
+            print(f"{who} print {index}")
+        if child == 0:
+            logger.info("x" * 10_000, main_process_only=False)  # longer than one atomic pipe write
+            os._exit(0)
+        os.waitpid(child, 0)
+
+    notebook_launcher(rank_and_helper, num_processes=2, device="cpu")
+    run = last_run()
+    assert not [e for e in run.events if e.kind == "failure"]
+    for rank in (0, 1):
+        records = [e.data["message"] for e in run.events if e.kind == "log" and e.rank == rank]
+        prints = [e.data["text"] for e in run.events if e.kind == "stream" and e.rank == rank]
+        for who in ("rank", "helper"):
+            assert [m for m in records if m.startswith(who)] == [f"{who} record {i}" for i in range(300)]
+            assert [t for t in prints if t.startswith(who)] == [f"{who} print {i}" for i in range(300)]
+        (long,) = [m for m in records if m.startswith("x")]
+        assert long == "x" * 2048 + " [cut]"
+
+
 def test_outside_a_launch_the_process_is_rank_0_and_the_root_logger_is_untouched(caplog):
     root_level = logging.getLogger().level
     logger = get_logger("kernel.side", log_level="DEBUG")

@@ -98,7 +98,7 @@ class PanelDisplay(FinishingDisplay):
         self.tick()
 
     def show_lines(self, lines: list) -> None:
-        """``show`` for plain lines read together (Events and ``StreamLines``): folded in together, then one tick."""
+        """``show`` for plain lines read together (Events and runs of lines): folded in together, then one tick."""
         self.state.observe_lines(lines)
         self.tick()
 

@@ -3,8 +3,9 @@
 The launcher feeds a display from the launching cell's thread: every event in order (``show``), its own lines
 (``note``), a call every few hundred milliseconds while waiting (``tick``, for displays that redraw), and,
 after a c10d rendezvous, which ranks this node got (``retarget``). A display may also have
-``show_lines(lines)``: consecutive plain lines of one rank in one list (log records as Events, runs of stream
-lines as ``events.StreamLines``), as ``show`` would get them one by one (the launcher uses it where it exists).
+``show_lines(lines)``: consecutive plain lines of one rank in one list (runs of prints and of log records as
+``lines.StreamLines`` and ``lines.LogRecords``, any other line as its Event), as ``show`` would get them one by
+one (the launcher uses it where it exists; ``lines.expand_lines`` gives the Events).
 ``TextDisplay`` and ``PanelDisplay`` are displays; so is the agent's ``ForwardingDisplay``, which sends
 everything to the launching kernel instead.
 

@@ -18,6 +18,8 @@ MAX_TEXT = 2000  # one line's characters in the panel (the run log keeps all of 
 
 
 class RankState:
+    """What the panel shows of one rank; ``to_json`` is its part of the payload (``labextension/SCHEMA.md``)."""
+
     def __init__(self, rank: int, lines_per_rank: int):
         self.rank = rank
         self.host: str | None = None
@@ -66,8 +68,8 @@ class RankState:
 
 
 def _line_dicts(run, first_number: int, started: float, skip: int) -> list[dict]:
-    """The panel's lines of a run (``StreamLines`` or ``LogRecords``) but its first ``skip``, as ``_add_line``
-    makes them one by one."""
+    """The panel's lines of a run (``StreamLines`` or ``LogRecords``) but its first ``skip``, as
+    ``RunState._add_line`` makes them one by one."""
     if type(run) is StreamLines:
         t, kind = round(max(0.0, run.time - started), 3), run.stream
         return [{"n": first_number + number, "t": t, "kind": kind, "text": text[:MAX_TEXT]}
