@@ -127,6 +127,7 @@ class Rows:
         self.head = self.mine[:_HEAD_INTS].numpy()
         self.table = torch.empty((world_size, self.mine.numel()), dtype=torch.int64, device=device)
         self.heads = self.table[:, :SIGNATURE_INTS]
+        self.written: list = []  # the signature last written into ``head``
         self._views: dict = {}
 
     def views(self, dtype, shape, nbytes: int):

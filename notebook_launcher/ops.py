@@ -24,7 +24,6 @@ the one collective other modules build on (``check_trigger``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
+from .carry import can_finish_from_carried, finish_from_carried
 from .events import SHAPE_MISMATCH, TRUE_VALUES
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
@@ -261,11 +261,13 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str | 
     can_carry = (carry and rule == "shape" and isinstance(subject, torch.Tensor) and nbytes <= CARRY_BYTES
                  and subject.layout == torch.strided and subject.device == device)
     row[-1] = int(can_carry)
-    rows.head[:len(row)] = row  # the same size on every rank: fixed
+    if row != rows.written:  # (a loop calls with the same row again and again: written once)
+        rows.head[:len(row)] = row  # the same size on every rank: fixed
+        rows.written = row
     if can_carry:
         mine, every = rows.views(subject.dtype, subject.shape, nbytes)
-        mine.copy_(subject.detach())
-    _gather_flat(rows.table.view(-1), rows.mine.to(device), group=group)  # (.to: the same tensor on the CPU)
+        mine.copy_(subject.detach() if subject.requires_grad else subject)
+    _gather_rows(rows, device, group)
     heads = rows.heads.tolist()
     first = heads[0][:-1]
     if all(head[:-1] == first for head in heads):
@@ -290,11 +292,35 @@ def _rows(world_size: int, device) -> Rows:
     return kept[(world_size, device)]
 
 
+def _gather_rows(rows: Rows, device, group) -> None:
+    """The check's all_gather of every rank's row into ``rows.table``, straight to the process group where it
+    can: torch's public function (its checks, its logger, its dispatch) was a tenth of a checked call here."""
+    mine = rows.mine if device.type == "cpu" else rows.mine.to(device)
+    process_group = group or dist.distributed_c10d._get_default_group()
+    gather = getattr(process_group, "all_gather_single", None) or getattr(process_group, "_allgather_base", None)
+    if gather is None or _ALLGATHER_OPTIONS is None or process_group in dist.distributed_c10d._world.pg_coalesce_state:
+        _gather_flat(rows.table.view(-1), mine, group=group)
+        return
+    work = gather(rows.table.view(-1), mine, _ALLGATHER_OPTIONS)
+    if work is not None:
+        work.wait()
+
+
+_ALLGATHER_OPTIONS = dist.AllgatherOptions() if hasattr(dist, "AllgatherOptions") else None
+_CHECK_DEVICES: dict = {}  # process group (None: the default) -> where its check rows live
+
+
 def _check_device(group=None):
     """Where the check row lives: what the group's backend can move (CUDA for nccl, else the CPU)."""
-    if "nccl" in str(dist.get_backend(group)):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    known = _CHECK_DEVICES.get(group)
+    if known is not None and (known.type == "cpu" or known.index == torch.cuda.current_device()):
+        return known
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend(group)) \
+        else torch.device("cpu")
+    if len(_CHECK_DEVICES) > 16:
+        _CHECK_DEVICES.clear()
+    _CHECK_DEVICES[group] = device
+    return device
 
 
 def call_site() -> str:
@@ -360,49 +386,14 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
             rule_here = "dtype"  # uneven splits: shapes may differ by design
         else:
             rule_here = rule
-        carry = _can_finish_from_carried(name, bound, subject, group)
+        carry = can_finish_from_carried(name, bound, subject, group)
         with _collective(f"torch.distributed.{name}", subject, rule_here, group, carry=carry,
                          detail=_detail(bound)) as exchange:
             if exchange.carried is not None:
-                return _finish_from_carried(name, bound, exchange.carried)
+                return finish_from_carried(name, bound, exchange.carried)
             return original(*args, **kwargs)
 
     return collective
-
-
-_LOCAL_REDUCTIONS = {dist.ReduceOp.SUM: lambda stacked: stacked.sum(0),
-                     dist.ReduceOp.MAX: lambda stacked: stacked.amax(0),
-                     dist.ReduceOp.MIN: lambda stacked: stacked.amin(0),
-                     dist.ReduceOp.PRODUCT: lambda stacked: stacked.prod(0)}
-_FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
-
-
-def _can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
-    """Whether this rank could finish the call from everyone's tensor exactly as the backend would; the
-    ranks then go that way only if all of them can (the answer travels in the check row)."""
-    if name not in _FINISHED_FROM_CARRIED or bound.get("async_op") or not isinstance(subject, torch.Tensor):
-        return False
-    world_size = dist.get_world_size(group)
-    if name == "all_reduce":  # (in half precision the backend rounds at every step; summing here rounds once)
-        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS and \
-            subject.dtype not in (torch.float16, torch.bfloat16)
-    if name == "broadcast":
-        return _source_index(bound, group) is not None
-    if name == "all_gather":
-        targets = bound.get("tensor_list") or []
-        return len(targets) == world_size and all(t.shape == subject.shape and t.dtype == subject.dtype
-                                                  for t in targets)
-    output = bound.get("output_tensor")
-    return output is not None and output.numel() == world_size * subject.numel() and output.is_contiguous()
-
-
-def _source_index(bound: dict, group) -> int | None:
-    """A broadcast's source as an index into the group's ranks (the order of the carried tensors)."""
-    if bound.get("group_src") is not None:
-        return int(bound["group_src"])
-    if bound.get("src") is None:
-        return None
-    return int(bound["src"]) if group is None else dist.get_group_rank(group, int(bound["src"]))
 
 
 def _detail(bound: dict) -> int:
@@ -415,19 +406,3 @@ def _detail(bound: dict) -> int:
             except (TypeError, ValueError):
                 return stable_code(value)
     return 0
-
-
-def _finish_from_carried(name: str, bound: dict, carried) -> None:
-    """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
-    with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
-        if name == "all_reduce":
-            tensor = bound["tensor"]
-            tensor.copy_(_LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](carried))
-        elif name == "all_gather":
-            for target, piece in zip(bound["tensor_list"], carried):
-                target.copy_(piece)
-        elif name == "broadcast":
-            bound["tensor"].copy_(carried[_source_index(bound, bound.get("group"))])
-        else:
-            bound["output_tensor"].view(carried.shape).copy_(carried)
-    return None

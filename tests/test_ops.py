@@ -63,7 +63,8 @@ MISMATCHES = {
     "notebook_launcher.ops.broadcast": "ops.broadcast(torch.ones(1, 5) if rank == 0 else torch.ones(1, 2, 5))",
     "notebook_launcher.ops.gather": "ops.gather(torch.ones(2 + rank))",
     "notebook_launcher.ops.reduce": "ops.reduce(torch.ones(3) if rank == 0 else torch.ones(3, 1))",
-    "torch.distributed.all_reduce": "dist.all_reduce(torch.ones(2, 3) if rank == 0 else torch.ones(3, 2))",
+    "torch.distributed.all_reduce": "for step in range(4):\n"  # agreeing calls first (the same check row), then not
+                                    "    dist.all_reduce(torch.ones(2, 3) if rank == 0 or step < 3 else torch.ones(3, 2))",
     "torch.distributed.all_gather_into_tensor":
         "dist.all_gather_into_tensor(torch.empty(4 * world), torch.ones(4 if rank == 0 else 2))",
 }
@@ -377,6 +378,15 @@ def carried_in_every_form():
         if dtype is not torch.bool:
             dist.all_reduce(summed)
         results[f"all_reduce {dtype}"] = summed
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+        reduced = torch.tensor([1.5, -2.0, 3.0], dtype=torch.float64) * (rank + 2)
+        dist.all_reduce(reduced, op=op)
+        results[f"all_reduce {op}"] = reduced
+    with_grad = torch.full((3,), rank + 1.0, requires_grad=True)  # (reduced in place, outside autograd)
+    dist.all_reduce(with_grad)
+    results["all_reduce, requires grad"] = with_grad.detach()
+    for size in (3, 3, 4, 3):  # the same row again and again, then another, then the first again
+        results[f"gather of {size} after the last"] = ops.gather(torch.arange(float(size)) + rank)
     results["0-dim"] = ops.gather(torch.tensor(rank + 0.5))
     results["empty"] = ops.gather(torch.empty(0, 4))
     results["strided"] = ops.gather(torch.arange(10.0)[::3] + rank)
