@@ -298,7 +298,8 @@ def _gather_rows(rows: Rows, device, group) -> None:
     mine = rows.mine if device.type == "cpu" else rows.mine.to(device)
     process_group = group or dist.distributed_c10d._get_default_group()
     gather = getattr(process_group, "all_gather_single", None) or getattr(process_group, "_allgather_base", None)
-    if gather is None or _ALLGATHER_OPTIONS is None or process_group in dist.distributed_c10d._world.pg_coalesce_state:
+    coalescing = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_coalesce_state", None)
+    if gather is None or _ALLGATHER_OPTIONS is None or coalescing is None or process_group in coalescing:
         _gather_flat(rows.table.view(-1), mine, group=group)
         return
     work = gather(rows.table.view(-1), mine, _ALLGATHER_OPTIONS)
@@ -307,19 +308,20 @@ def _gather_rows(rows: Rows, device, group) -> None:
 
 
 _ALLGATHER_OPTIONS = dist.AllgatherOptions() if hasattr(dist, "AllgatherOptions") else None
-_CHECK_DEVICES: dict = {}  # process group (None: the default) -> where its check rows live
+_CHECK_DEVICES: dict = {}  # process group -> where its check rows live
 
 
 def _check_device(group=None):
     """Where the check row lives: what the group's backend can move (CUDA for nccl, else the CPU)."""
-    known = _CHECK_DEVICES.get(group)
+    key = group or dist.distributed_c10d._get_default_group()  # (a default group made anew is a new key)
+    known = _CHECK_DEVICES.get(key)
     if known is not None and (known.type == "cpu" or known.index == torch.cuda.current_device()):
         return known
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend(group)) \
         else torch.device("cpu")
     if len(_CHECK_DEVICES) > 16:
         _CHECK_DEVICES.clear()
-    _CHECK_DEVICES[group] = device
+    _CHECK_DEVICES[key] = device
     return device
 
 
