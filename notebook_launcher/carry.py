@@ -48,8 +48,9 @@ def _source_index(bound: dict, group) -> int | None:
 
 def finish_from_carried(name: str, bound: dict, carried) -> None:
     """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
-    if name == "all_reduce" and not bound["tensor"].requires_grad and bound["tensor"].dtype in _OUT_DTYPES:
-        _REDUCTIONS_INTO[bound.get("op", dist.ReduceOp.SUM)](carried, 0, out=bound["tensor"])  # (one op, no copy)
+    tensor = bound.get("tensor")
+    if name == "all_reduce" and tensor.dtype in _OUT_DTYPES and tensor.is_contiguous() and not tensor.requires_grad:
+        _REDUCTIONS_INTO[bound.get("op", dist.ReduceOp.SUM)](carried, 0, out=tensor)  # (one op, no copy)
         return None
     with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
         if name == "all_reduce":

@@ -13,6 +13,8 @@ from .events import FRAME_HEADER, LOG, LOG_FRAME, RESULT, Event
 
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
+MAX_NESTING = 64  # lists and dicts within each other in an event's data
+_INT_BOUND = 1 << 63
 
 
 class CorruptFrame(ValueError):
@@ -185,6 +187,8 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
                 and type(header[2]) is str and type(header[3]) is int and type(header[4]) is str
                 and type(header[5]) is str and type(header[6]) is str and type(header[7]) is int
                 and type(header[8]) is str and type(header[9]) is float and type(header[10]) is int
+                and -_INT_BOUND <= header[3] < _INT_BOUND and -_INT_BOUND <= header[7] < _INT_BOUND
+                and -_INT_BOUND <= header[10] < _INT_BOUND
                 or len(header) == 2 and type(header[0]) is int and 0 <= header[0] <= 1 and type(header[1]) is str):
             return
         raise CorruptFrame("a compact frame that is neither (0 or 1, text) nor a record frame (2, time, level, "
@@ -197,6 +201,9 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
         for key, expected in (*_HEADER_TYPES.items(), ("time", float)):
             if type(get(key)) is not expected and not (key == "time" and type(get(key)) is int):
                 raise CorruptFrame(f"a frame header whose {key!r} is {type(get(key)).__name__}")
+    if not _within_bounds(header):
+        raise CorruptFrame(f"a {header['kind']!r} event with an int beyond 64 bits, or nested more than "
+                           f"{MAX_NESTING} deep")
     if header["kind"] in refused_kinds:
         raise CorruptFrame(f"a {header['kind']!r} event, which only the kernel makes")
     if attachment_len and header["kind"] != RESULT:
@@ -205,6 +212,20 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
         _check_result_layout(header["data"], attachment_len)
     elif header["kind"] == LOG:
         _check_in_order(header["data"])
+
+
+def _within_bounds(value, depth: int = 0) -> bool:
+    """No int beyond 64 bits (Python will not even write a long enough one as text: the kernel would raise where
+    it shows or logs it) and no nesting deeper than ``MAX_NESTING``, anywhere in ``value``."""
+    kind = type(value)
+    if kind is int:
+        return -_INT_BOUND <= value < _INT_BOUND
+    if kind is dict:
+        return depth < MAX_NESTING and all(_within_bounds(key, depth + 1) and _within_bounds(item, depth + 1)
+                                           for key, item in value.items())
+    if kind in (list, tuple, set, frozenset):
+        return depth < MAX_NESTING and all(_within_bounds(item, depth + 1) for item in value)
+    return True
 
 
 def _check_in_order(data: dict) -> None:

@@ -112,6 +112,8 @@ class EventList(Sequence):
         its data's keys, *their values), the keys' tuple shared by every record that has the same keys."""
         keys, items, starts, count = _SHARED_KEYS, self._items, self._starts, self._count
         for item in lines:
+            if type(item) in _RUNS and not len(item):
+                continue  # (an empty run holds no line; kept, it would read as one)
             starts.append(count)
             if type(item) is LogRecords:
                 items.append((item.rank, item.seq, tuple(item.frames)))

@@ -307,7 +307,17 @@ def _gather_rows(rows: Rows, device, group) -> None:
         work.wait()
 
 
-_ALLGATHER_OPTIONS = dist.AllgatherOptions() if hasattr(dist, "AllgatherOptions") else None
+def _allgather_options():
+    """Options for a blocking all_gather, as torch's own function makes them (None where this torch has none)."""
+    options_type = getattr(dist.distributed_c10d, "AllgatherOptions", None)
+    if options_type is None:
+        return None
+    options = options_type()
+    options.asyncOp = False
+    return options
+
+
+_ALLGATHER_OPTIONS = _allgather_options()
 _CHECK_DEVICES: dict = {}  # process group -> where its check rows live
 
 

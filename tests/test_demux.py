@@ -159,3 +159,27 @@ def test_a_log_record_whose_in_order_is_no_count_is_a_corrupt_stream_not_a_kerne
         assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], bad
     good = flat(RankDemux(rank=0).feed("events", encode_frame(0, 2, LOG, {"message": "m", "in_order": 4})))
     assert good[0].data["in_order"] == 4
+
+
+def test_an_int_too_long_to_write_or_data_nested_too_deep_is_a_corrupt_stream_not_a_kernel_error():
+    """Python refuses to turn an int of more than 4,300 digits into text: the kernel would raise where it logs or
+    shows it. A worker may send one anywhere; so also data nested deeper than anyone writes."""
+    huge = 10 ** 5000
+    nested: list = []
+    for _ in range(100):
+        nested = [nested]
+    for frame in (text_frame((2, 1.0, *RECORD[:1], huge, *RECORD[2:], 7)),  # a record's levelno
+                  text_frame((2, 1.0, *RECORD[:5], -huge, *RECORD[6:], 7)),  # its line
+                  text_frame((2, 1.0, *RECORD, 2 ** 64)),  # its worker_seq
+                  encode_frame(0, 2, "progress", {"step": huge, "total": 10, "metrics": {}}),
+                  encode_frame(0, 2, "progress", {"step": 1, "metrics": {"loss": [1, {huge}]}}),
+                  encode_frame(0, 2, "log", {"message": "m", "in_order": 1, "line": huge}),
+                  encode_frame(0, huge, "status", {"state": "running"}),
+                  encode_frame(0, 2, "progress", {"step": 1, "metrics": {"deep": nested}})):
+        demux = RankDemux(rank=0)
+        events = flat(demux.feed("events", text_frame((0, "before\n")) + frame))
+        assert lines(events) == ["before"], frame[:40]
+        assert [e.data["type"] for e in events if e.kind == FAILURE] == [CORRUPT_EVENT_STREAM], frame[:40]
+    fine = flat(RankDemux(rank=0).feed("events", text_frame((2, 1.0, *RECORD, 2 ** 63 - 1))
+                                       + encode_frame(0, 3, "progress", {"step": -(2 ** 63), "metrics": {}})))
+    assert [e.kind for e in fine] == [LOG, "progress"]

@@ -97,6 +97,8 @@ def test_run_events_give_back_the_lines_kept_and_the_collector_does_not_track_th
     assert [kept[index] for index in range(-len(kept), len(kept))] == [*kept, *kept]  # each found by its index
     assert kept[1] == events[0] and kept[-1] == events[-1] and kept[1:3] == events[:2] and len(kept) == len(events) + 1
     assert kept[::50] == [Event(0, 0, 1.0, "status", {"state": "running"}), *events[49::50]]
+    kept.extend_lines([StreamLines(0, 999, 1.0, "stdout", []), LogRecords(1, 999, [])])  # empty runs: no lines
+    assert len(kept) == len(events) + 1 and list(kept)[-1] == events[-1]
     gc.collect()
     gc.collect()  # (a tuple is untracked once what it holds is: a record's first keys' tuple, on the pass before)
     tracked = sum(gc.is_tracked(item) for item in kept._items[1:])
