@@ -216,15 +216,28 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
 
 def _within_bounds(value, depth: int = 0) -> bool:
     """No int beyond 64 bits (Python will not even write a long enough one as text: the kernel would raise where
-    it shows or logs it) and no nesting deeper than ``MAX_NESTING``, anywhere in ``value``."""
+    it shows or logs it) and no nesting deeper than ``MAX_NESTING``, anywhere in ``value``. (Strings, floats and
+    the like are passed over in the loop: the usual event holds little else.)"""
     kind = type(value)
     if kind is int:
         return -_INT_BOUND <= value < _INT_BOUND
     if kind is dict:
-        return depth < MAX_NESTING and all(_within_bounds(key, depth + 1) and _within_bounds(item, depth + 1)
-                                           for key, item in value.items())
-    if kind in (list, tuple, set, frozenset):
-        return depth < MAX_NESTING and all(_within_bounds(item, depth + 1) for item in value)
+        items = value.values() if all(type(key) is str for key in value) else (*value, *value.values())
+    elif kind in (list, tuple, set, frozenset):
+        items = value
+    else:
+        return True
+    if depth >= MAX_NESTING:
+        return False
+    for item in items:
+        kind = type(item)
+        if kind is str or kind is float or kind is bool or item is None:
+            continue
+        if kind is int:
+            if not -_INT_BOUND <= item < _INT_BOUND:
+                return False
+        elif not _within_bounds(item, depth + 1):
+            return False
     return True
 
 

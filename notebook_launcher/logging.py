@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Mapping
 
-from .events import LOG, RECORD_KEYS, EventWriter
+from .events import LOG, RECORD_KEYS, RECORD_TYPES, EventWriter
 
 _channel: EventWriter | None = None
 _in_order_calls = 0
@@ -142,11 +142,15 @@ class EventLogHandler(logging.Handler):
                 exc_text = logging.Formatter().formatException(record.exc_info)
             elif record.exc_text:
                 exc_text = record.exc_text
-            data = {"level": record.levelname, "levelno": record.levelno, "logger": record.name,
-                    "message": record.getMessage(), "file": record.pathname, "line": record.lineno,
-                    "function": record.funcName, "created": record.created}
-            for key, value in (("exc_text", exc_text), ("stack", record.stack_info),
-                               ("in_order", getattr(record, "nl_in_order", None))):
+            values = (record.levelname, record.levelno, record.name, record.getMessage(), record.pathname,
+                      record.lineno, record.funcName, record.created)
+            extras = (("exc_text", exc_text), ("stack", record.stack_info),
+                      ("in_order", getattr(record, "nl_in_order", None)))
+            if all(value is None for _, value in extras) and tuple(map(type, values)) == RECORD_TYPES[:8]:
+                self.channel.emit_record(values)  # (the usual record: a record frame, as get_logger's fast path)
+                return
+            data = dict(zip(RECORD_KEYS, values))
+            for key, value in extras:
                 if value is not None:  # (left out when empty: every line of a flood is shorter to send and store)
                     data[key] = value
             self.channel.emit(LOG, data)
