@@ -8,12 +8,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-_LOCAL_REDUCTIONS = {dist.ReduceOp.SUM: lambda stacked: stacked.sum(0),
-                     dist.ReduceOp.MAX: lambda stacked: stacked.amax(0),
-                     dist.ReduceOp.MIN: lambda stacked: stacked.amin(0),
-                     dist.ReduceOp.PRODUCT: lambda stacked: stacked.prod(0)}
-_REDUCTIONS_INTO = {dist.ReduceOp.SUM: torch.sum, dist.ReduceOp.MAX: torch.amax, dist.ReduceOp.MIN: torch.amin,
-                    dist.ReduceOp.PRODUCT: torch.prod}
+_REDUCTIONS = {dist.ReduceOp.SUM: torch.sum, dist.ReduceOp.MAX: torch.amax, dist.ReduceOp.MIN: torch.amin,
+               dist.ReduceOp.PRODUCT: torch.prod}  # (each over the ranks' dimension, 0)
 _OUT_DTYPES = (torch.float32, torch.float64)  # reduced straight into the tensor (others: as the backend casts)
 _FINISHED_FROM_CARRIED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
 
@@ -25,7 +21,7 @@ def can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
         return False
     world_size = dist.get_world_size(group)
     if name == "all_reduce":  # (in half precision the backend rounds at every step; summing here rounds once)
-        return bound.get("op", dist.ReduceOp.SUM) in _LOCAL_REDUCTIONS and \
+        return bound.get("op", dist.ReduceOp.SUM) in _REDUCTIONS and \
             subject.dtype not in (torch.float16, torch.bfloat16)
     if name == "broadcast":
         return _source_index(bound, group) is not None
@@ -49,13 +45,13 @@ def _source_index(bound: dict, group) -> int | None:
 def finish_from_carried(name: str, bound: dict, carried) -> None:
     """The collective's effect, computed from every rank's tensor (the same on every rank, in rank order)."""
     tensor = bound.get("tensor")
-    if name == "all_reduce" and tensor.dtype in _OUT_DTYPES and tensor.is_contiguous() and not tensor.requires_grad:
-        _REDUCTIONS_INTO[bound.get("op", dist.ReduceOp.SUM)](carried, 0, out=tensor)  # (one op, no copy)
+    reduce = _REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)] if name == "all_reduce" else None
+    if reduce is not None and tensor.dtype in _OUT_DTYPES and tensor.is_contiguous() and not tensor.requires_grad:
+        reduce(carried, 0, out=tensor)  # (one op, no copy)
         return None
     with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
-        if name == "all_reduce":
-            tensor = bound["tensor"]
-            tensor.copy_(_LOCAL_REDUCTIONS[bound.get("op", dist.ReduceOp.SUM)](carried))
+        if reduce is not None:
+            tensor.copy_(reduce(carried, 0))
         elif name == "all_gather":
             for target, piece in zip(bound["tensor_list"], carried):
                 target.copy_(piece)

@@ -182,9 +182,7 @@ class EventWriter:
                 frame += attachment
             if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
                 frame = _shrink_to_pipe_buf(self.rank, seq, kind, data or {})
-            written = os.write(self.fd, frame)
-            if written < len(frame):  # a pipe takes a small frame whole; a large one perhaps in parts
-                write_all(self.fd, memoryview(frame)[written:])
+            self._write(frame)
 
     def emit_record(self, values: tuple) -> None:
         """A ``log`` event of ``get_logger`` as a record frame, ``(LOG_FRAME, time, *values, seq)``: ``values``
@@ -195,9 +193,7 @@ class EventWriter:
             frame = FRAME_HEADER.pack(len(header), 0) + header
             if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
                 frame = _shrink_to_pipe_buf(self.rank, seq, LOG, dict(zip(RECORD_KEYS, values)))
-            written = os.write(self.fd, frame)
-            if written < len(frame):
-                write_all(self.fd, memoryview(frame)[written:])
+            self._write(frame)
 
     def emit_text(self, stream: int, text: str) -> None:
         """An ``output`` event as a text frame: its header is only ``(stream, text)`` (``TEXT_STREAMS``), which
@@ -209,9 +205,14 @@ class EventWriter:
                 self._seq += 1
                 frame = _shrink_to_pipe_buf(self.rank, self._seq, OUTPUT, {"stream": TEXT_STREAMS[stream],
                                                                             "text": text})
-            written = os.write(self.fd, frame)
-            if written < len(frame):
-                write_all(self.fd, memoryview(frame)[written:])
+            self._write(frame)
+
+    def _write(self, frame: bytes) -> None:
+        """One frame, with the lock held: a pipe takes a small frame whole in one write, a large one perhaps in
+        parts."""
+        written = os.write(self.fd, frame)
+        if written < len(frame):
+            write_all(self.fd, memoryview(frame)[written:])
 
     def emit_parts(self, kind: str, data: dict, parts: list) -> None:
         """One event whose attachment is several buffers, written one after the other without joining them (a

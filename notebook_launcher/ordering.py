@@ -60,7 +60,7 @@ class InOrderRelease:
         self.release()
 
     def push_lines(self, lines: list) -> None:
-        """Plain lines of one rank (none in_order; Events and ``StreamLines``): shown together when nothing is
+        """Plain lines of one rank (none in_order; Events and runs of lines): shown together when nothing is
         held, else queued one by one as usual."""
         if self._held or self._show_lines is None:
             for event in expand_lines(lines):

@@ -8,7 +8,7 @@ import re
 import shutil
 import time
 
-from .events import LOG, RECORD_KEYS, RECORD_TYPES, Event
+from .events import LOG, RECORD_KEYS, Event
 from .lines import LogRecords, StreamLines
 
 
@@ -61,23 +61,20 @@ class RunLog:
         self._flush_now_and_then()
 
     def write_lines(self, lines: list) -> None:
-        """``write`` for plain lines read together (``RankDemux``): one write for all. The lines of a
-        ``StreamLines``, whose data the kernel made itself, are written without the JSON encoder's walk."""
+        """``write`` for plain lines read together (``RankDemux``): one write for all. The lines of a run, whose
+        shape the kernel made or checked itself, are written field by field, without the JSON encoder's walk."""
         out = []
         for item in lines:
-            if type(item) is StreamLines and item.stream in _STREAMS and type(item.seq) is int \
-                    and type(item.rank) is int:
+            if type(item) is StreamLines:
                 head, tail = (f'{{"rank":{item.rank},"seq":', f',"time":{_number(item.time)},"kind":"stream",'
                               f'"data":{{"stream":{_STREAMS[item.stream]},"text":')
                 seq = item.seq
                 out += [f'{head}{seq + number}{tail}{_string(text)}}}}}\n' for number, text in enumerate(item.texts)]
-            elif type(item) is StreamLines:
-                out += map(_line, item.events())
             elif type(item) is LogRecords:
                 rank, seq = item.rank, item.seq
-                out += [_record_line_of_frame(rank, seq + number, frame) for number, frame in enumerate(item.frames)]
+                out += [_record_line(rank, seq + number, frame) for number, frame in enumerate(item.frames)]
             else:
-                out.append(item.kind == LOG and _record_line(item) or _line(item))
+                out.append(_line(item))
         self._events.write("".join(out))
         self._flush_now_and_then()
 
@@ -110,17 +107,7 @@ def _line(event: Event) -> str:
         return json.dumps(_plain(event.to_json()), default=str) + "\n"
 
 
-def _record_line(event: Event) -> str:
-    """``_line`` of a record Event of the usual shape (``RECORD_KEYS`` in their order, of ``RECORD_TYPES``), as
-    ``_record_line_of_frame`` writes it; "" for any other record."""
-    data = event.data
-    if len(data) != 9 or tuple(data) != RECORD_KEYS or type(event.seq) is not int or type(event.rank) is not int \
-            or type(event.time) is not float or tuple(map(type, values := tuple(data.values()))) != RECORD_TYPES:
-        return ""
-    return _record_line_of_frame(event.rank, event.seq, (0, event.time, *values))
-
-
-def _record_line_of_frame(rank: int, seq: int, frame: tuple) -> str:
+def _record_line(rank: int, seq: int, frame: tuple) -> str:
     """``_line`` of a get_logger record from its record frame (``LogRecords``: its types checked when it was
     read), written field by field: the JSON encoder's walk was 40% of the kernel's time for a record in a flood."""
     _, when, level, levelno, logger, message, file, line, function, created, worker_seq = frame

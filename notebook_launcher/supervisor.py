@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from .demux import CHANNELS, RankDemux
 from .events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
-from .lines import expand_lines
 from .handles import WorkerProcess
 from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
+from .lines import expand_lines
 from .proctree import descendants, descendants_of_each, kill, kill_group, kill_if_same
 from .starters import PIPE_SIZE, make_pipe, starter_for
 

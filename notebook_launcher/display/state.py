@@ -85,11 +85,10 @@ class RunState:
         (not a tqdm bar) are added in place, runs of lines as they are (``RankState.add_run``)."""
         started, ranks = self._started, self.ranks
         for item in lines:
-            if type(item) is StreamLines:
-                if "|" in "".join(item.texts):  # maybe a tqdm bar: each line as observe reads it
-                    for event in item.events():
-                        self.observe(event)
-                    continue
+            if type(item) is StreamLines and "|" in "".join(item.texts):  # maybe a tqdm bar: as observe reads it
+                for event in item.events():
+                    self.observe(event)
+                continue
             if type(item) is StreamLines or type(item) is LogRecords:
                 rank = ranks.get(item.rank) or self._rank(item)
                 rank.add_run(self._line_count + 1, started, item)

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from ..events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
-from ..lines import count_lines, expand_lines
 from ..failure import FailureTracker, root_cause
+from ..lines import count_lines, expand_lines
 from ..ordering import InOrderRelease
 from ..results import unpack_result
 from ..runlog import RunLog
@@ -81,8 +81,8 @@ class Attempts:
             run.balance_book.observe(event.rank, event.data)
 
     def on_lines(self, lines: list) -> None:
-        """``on_event`` for plain lines of one rank read together (``StreamLines`` and ``log`` records without
-        in_order, see ``RankDemux``): each stage takes the whole list at once."""
+        """``on_event`` for plain lines of one rank read together (runs of prints and records, and ``log``
+        records without in_order, see ``RankDemux``): each stage takes the whole list at once."""
         run = self.run
         room, count = MAX_EVENTS_IN_MEMORY - len(run.events), count_lines(lines)
         if room >= count:
