@@ -106,8 +106,12 @@ def _storage_id(obj, storages: list, index: dict):
 
 
 def _bytes_of(storage) -> memoryview:
-    """A writable byte view of a CPU storage's memory (no copy)."""
-    return memoryview((ctypes.c_ubyte * storage.nbytes()).from_address(storage.data_ptr())).cast("B")
+    """A writable byte view of a CPU storage's memory (no copy) that keeps the storage alive as long as the view
+    lives: a tensor copied off a GPU or TPU (``.cpu()``) is referenced by nothing else once the result is packed,
+    and its memory would be freed and reused before the frame is written."""
+    window = (ctypes.c_ubyte * storage.nbytes()).from_address(storage.data_ptr())
+    window.owner = storage  # the view holds the window, the window holds the storage
+    return memoryview(window).cast("B")
 
 
 # -- kernel side --------------------------------------------------------------------------------------------------

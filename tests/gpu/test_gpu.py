@@ -178,3 +178,27 @@ def test_balance_reads_each_gpus_allocator_and_names_the_slow_and_the_large_rank
               "uneven", balance.peak_memory[1] > 2 * balance.peak_memory[0] > 0)
     """)
     assert "straggler 1 device True uneven True" in out and "memory: rank 1 peaked at" in out
+
+
+@two_gpus
+def test_every_gpu_ranks_state_dict_comes_back_bit_for_bit_as_the_rank_saved_it(tmp_path):
+    out = in_a_fresh_kernel(f"""
+        import torch
+        from notebook_launcher import last_run, notebook_launcher
+        def train():
+            import torch.distributed as dist
+            rank = dist.get_rank()
+            torch.manual_seed(rank)
+            model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 256)).cuda()
+            state = model.state_dict()
+            torch.save({{k: v.cpu() for k, v in state.items()}}, f"{tmp_path}/rank{{rank}}.pt")
+            return state
+        notebook_launcher(train, num_processes=2, device="cuda", results="all", display="text")
+        results = last_run().results
+        for rank in (0, 1):
+            saved = torch.load(f"{tmp_path}/rank{{rank}}.pt")
+            got = results[rank]
+            same = all(torch.equal(got[k], saved[k]) and got[k].device.type == "cpu" for k in saved)
+            print("rank", rank, "same" if same and set(got) == set(saved) else "DIFFERENT")
+    """)
+    assert out.split()[-6:] == ["rank", "0", "same", "rank", "1", "same"]
