@@ -269,6 +269,8 @@ class WorkerSpec:
     memory_limit: int = 0  # bytes of address space the worker may use (RLIMIT_AS); 0: no limit
     explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
     results: str = "auto"  # which ranks send their return value (see results.py)
+    # device "xla": this one process is the XLA host of every rank; [rank, events, stdout, stderr] of the others
+    ordinal_fds: list = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)

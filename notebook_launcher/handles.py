@@ -22,6 +22,7 @@ class WorkerProcess:
     stopped_by_launcher: bool = False
     sigkill_sent: bool = False
     read_fds: dict = field(default_factory=dict)  # channel name (demux.CHANNELS) -> fd
+    host: WorkerProcess | None = None  # an XLA ordinal: the process that carries it (the host's first rank)
 
     @property
     def alive(self) -> bool:
@@ -37,7 +38,13 @@ class WorkerProcess:
         return self.pidfd
 
     def try_reap(self) -> bool:
-        """Reap it if it has exited, without waiting; True when it was reaped now (``exit_code`` is then set)."""
+        """Reap it if it has exited, without waiting; True when it was reaped now (``exit_code`` is then set).
+        A rank carried by another's process ends with that process, as it ended."""
+        if self.host is not None:
+            if self.host.alive:
+                return False
+            self.exit_code, self.signal = self.host.exit_code, self.host.signal
+            return True
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:  # reaped by someone else (SIGCHLD ignored in this process): status unknown

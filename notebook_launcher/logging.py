@@ -240,7 +240,19 @@ def _next_in_order_id() -> int:
         return _in_order_calls
 
 
+def set_thread_rank(rank: int, local_rank: int) -> None:
+    """The rank of the calling thread, where several ranks share a process (XLA ordinals run as threads):
+    ``main_process_only`` then asks the thread, not the process's environment."""
+    _thread_ranks.RANK, _thread_ranks.LOCAL_RANK = rank, local_rank
+
+
+_thread_ranks = threading.local()
+
+
 def _env_int(name: str) -> int:
+    own = getattr(_thread_ranks, name, None)
+    if own is not None:
+        return own
     try:
         return int(os.environ.get(name, "0"))
     except ValueError:

@@ -6,7 +6,6 @@ and the error for a bad argument names the parameter and the fix.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from .errors import LaunchArgumentError
 from .accelerate_config import resolve_debug
 from .results import RESULT_CHOICES
+from .xla_devices import XlaLayout, tpu_detected, xla_layout, xla_runtime_initialized
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHOD_CHOICES = ("auto", "fork", "spawn")
@@ -64,15 +64,17 @@ class LaunchPlan:
     results: str = "auto"  # which ranks' return values come back (see results.py)
     hang_warning: float | None = 30.0  # the stall watchdog's quiet seconds before a hang notice; None: off
     in_workers: bool = False  # even one rank in a worker (a launch across hosts: its events carry the result)
+    xla: XlaLayout | None = None  # device "xla": the devices torch_xla runs (one rank each)
 
     @property
     def runs_in_kernel(self) -> bool:
-        """One process on one node: the function runs in the kernel itself."""
-        return self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers
+        """One process on one node: the function runs in the kernel itself (never on XLA: the kernel must not
+        start the XLA runtime, or no later launch could)."""
+        return self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers and self.device != "xla"
 
     @property
     def spawns_workers(self) -> bool:
-        return self.start_method == "spawn" and self.device != "xla" and not self.runs_in_kernel
+        return self.start_method == "spawn" and not self.runs_in_kernel
 
     @property
     def world_size(self) -> int:
@@ -98,6 +100,8 @@ class LaunchPlan:
             env["ACCELERATE_DEBUG_MODE"] = "true" if self.debug else "false"  # Accelerate reads it too
         if self.batch_sizes:
             env["NOTEBOOK_LAUNCHER_BATCH_SIZES"] = json.dumps(self.batch_sizes)
+        if self.xla is not None:
+            env.update(self.xla.env)
         if self.device == "cpu":
             env["ACCELERATE_USE_CPU"] = "true"
             if self.cpu_threads:
@@ -107,6 +111,8 @@ class LaunchPlan:
     def describe(self) -> str:
         """The one line the kernel prints before starting: what, where, and why this start method."""
         where = f"{self.num_processes} process{'es' if self.num_processes != 1 else ''}"
+        if self.xla is not None:
+            where = f"{self.num_processes} ordinal{'s' if self.num_processes != 1 else ''} ({self.xla.describe()})"
         if self.num_nodes > 1:
             where += f" on node {self.node_rank} of {self.num_nodes} (world size {self.world_size})"
         return (f"{where} on {self.device} ({self.backend}), "
@@ -173,11 +179,13 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
 
     if device == "auto":
         device = detect_device()
+    xla = None
     if device == "xla":
-        import_xla_multiprocessing()
-        if num_processes is None:
-            num_processes = 8  # Accelerate's default for TPU notebooks
-        num_processes = _positive_int("num_processes", num_processes)
+        if num_nodes > 1:
+            raise LaunchArgumentError(f"device='xla' with num_nodes={num_nodes}: a launch runs the XLA devices of "
+                                      f"this host only; leave num_nodes at 1")
+        xla = xla_layout(num_processes)
+        num_processes = xla.devices
     else:
         num_processes = _num_processes(num_processes, device)
     backend = _backend(backend, device)
@@ -196,7 +204,7 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
         debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers,
-        hang_warning=hang_warning,
+        hang_warning=hang_warning, xla=xla,
     )
 
 
@@ -350,14 +358,6 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
-def tpu_detected() -> bool:
-    """A TPU host as Accelerate recognises one: torch_xla installed and a TPU named in the environment."""
-    if importlib.util.find_spec("torch_xla") is None:
-        return False
-    return bool(os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR")
-                or os.environ.get("PJRT_DEVICE", "").upper() == "TPU")
-
-
 def detect_device() -> str:
     if tpu_detected():
         return "xla"
@@ -391,6 +391,9 @@ def choose_start_method(requested: str, device: str) -> tuple[str, str]:
         unsafe = "fork is unsafe on macOS"
     elif device == "cuda" and cuda_initialized():
         unsafe = "CUDA is already initialized in this kernel" + _suspects_note()
+    elif device == "xla" and xla_runtime_initialized():
+        unsafe = ("the XLA runtime is already initialized in this kernel (an XLA device or tensor was used in the "
+                  "notebook); torch_xla cannot start its processes from a copy of it")
     elif kernel_process_group_initialized():
         unsafe = ("torch.distributed is already initialized in this kernel (a forked worker would inherit its "
                   "sockets); call torch.distributed.destroy_process_group() in the kernel")
@@ -412,6 +415,8 @@ def _suspects_note() -> str:
 
 def fork_unsafe_message(why: str) -> str:
     fix = "pass start_method='spawn' (the function and its arguments are then sent with cloudpickle)"
+    if "XLA runtime" in why:
+        fix = ("restart the kernel and make XLA tensors only inside the launched function, or " + fix)
     if "CUDA" in why:
         fix = ("restart the kernel and keep CUDA out of it before the launch (move imports such as bitsandbytes "
                "and any .cuda()/.to('cuda') calls inside the launched function), or " + fix)
@@ -422,16 +427,3 @@ def _torch():
     import torch
 
     return torch
-
-
-def import_xla_multiprocessing():
-    """torch_xla's multiprocessing module, or an error that says how to get it."""
-    try:
-        import importlib
-
-        return importlib.import_module("torch_xla.distributed.xla_multiprocessing")
-    except ImportError as exc:
-        raise LaunchArgumentError(
-            "device='xla' needs torch_xla, which is not importable here "
-            f"({exc}). Install it (pip install 'torch_xla[tpu]') on a TPU host, or use device='cpu'/'cuda'."
-        ) from exc

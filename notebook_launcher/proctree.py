@@ -12,6 +12,7 @@ import signal
 import sys
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def become_subreaper() -> None:
@@ -22,6 +23,18 @@ def become_subreaper() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """This process is killed when ``parent_pid`` (its parent) dies, so a crashed kernel leaves no orphan
+    training on; if the parent is already gone, it exits now."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(75)
 
 
 def _table() -> dict[int, tuple[int, int]]:

@@ -16,7 +16,9 @@ import subprocess
 import sys
 import warnings
 
+from .demux import CHANNELS
 from .events import WorkerSpec
+from .handles import WorkerProcess
 
 PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -58,6 +60,7 @@ class SpawnStarter:
         from .worker import SPEC_ENV_VAR
 
         inherited = (spec.events_fd,) + ((spec.store_listen_fd,) if spec.store_listen_fd >= 0 else ())
+        inherited += tuple(fd for _, *fds in spec.ordinal_fds for fd in fds)  # an XLA host's other ranks' pipes
         spec_for_child = dataclasses.replace(spec, stdout_fd=1, stderr_fd=2)
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
@@ -87,3 +90,52 @@ def make_pipe() -> tuple[int, int]:
     except OSError:
         pass
     return read, write
+
+
+def start_each_rank(plan, starter, spec_for, store_listen_fd: int):
+    """A process per rank of this machine, started in rank order: yields each ``(WorkerProcess, pipes)`` once
+    started (``pipes``: channel -> (read, write)); the caller watches it (and may open its pidfd) before the
+    next starts, which closes what the kernel holds of the earlier ones."""
+    kernel_fds: list[int] = []  # fds a later forked child must close (earlier ranks' read ends and pidfds)
+    for local_rank in range(plan.num_processes):
+        worker = WorkerProcess(rank=plan.global_rank(local_rank), local_rank=local_rank)
+        pipes = {name: make_pipe() for name in CHANNELS}
+        spec = spec_for(worker, pipes)
+        own_read_ends = [read for read, _ in pipes.values()]
+        if store_listen_fd >= 0 and worker.rank != 0:
+            own_read_ends.append(store_listen_fd)  # (closed in the child: only rank 0 serves)
+        try:
+            worker.pid, worker.popen = starter.start(spec, kernel_fds + own_read_ends)
+        except BaseException:  # the workers already started are stopped by the caller's teardown
+            _close_pipes([pipes])
+            raise
+        yield worker, pipes
+        kernel_fds += own_read_ends + ([worker.pidfd] if worker.pidfd is not None else [])
+
+
+def start_xla_host(plan, starter, spec_for, store_listen_fd: int = -1):
+    """device "xla": one process, torch_xla's host, carries every rank (``xla_host``). It holds every rank's
+    pipes, and each ordinal writes on its own rank's, in whichever process or thread torch_xla runs it; the
+    other ranks' ``WorkerProcess`` name the host's as theirs (``host``)."""
+    workers = [WorkerProcess(rank=plan.global_rank(local), local_rank=local) for local in range(plan.num_processes)]
+    pipes = [{name: make_pipe() for name in CHANNELS} for _ in workers]
+    host = workers[0]
+    spec = spec_for(host, pipes[0])
+    spec.ordinal_fds = [[worker.rank] + [own[name][1] for name in CHANNELS]
+                        for worker, own in zip(workers[1:], pipes[1:])]
+    try:
+        host.pid, host.popen = starter.start(spec, [read for own in pipes for read, _ in own.values()])
+    except BaseException:
+        _close_pipes(pipes)
+        raise
+    for worker, own in zip(workers, pipes):
+        if worker is not host:
+            worker.pid, worker.host = host.pid, host
+        yield worker, own
+
+
+def _close_pipes(pipes: list[dict]) -> None:
+    for own in pipes:
+        for read, write in own.values():
+            os.close(read)
+            os.close(write)

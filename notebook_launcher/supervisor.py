@@ -25,7 +25,7 @@ from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
 from .lines import expand_lines
 from .proctree import descendants, descendants_of_each, kill, kill_group, kill_if_same
-from .starters import PIPE_SIZE, make_pipe, starter_for
+from .starters import PIPE_SIZE, start_each_rank, start_xla_host, starter_for
 
 TERMINATE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.5
@@ -118,42 +118,35 @@ class Supervisor:
             snapshot=dict(self._snapshot), stack_dump_seq=dict(self._stack_dump_seq))
 
     def _start(self) -> None:
-        kernel_fds: list[int] = []  # fds a later forked child must close (earlier ranks' read ends and pidfds)
-        for local_rank in range(self.plan.num_processes):
-            worker = WorkerProcess(rank=self.plan.global_rank(local_rank), local_rank=local_rank)
-            pipes = {name: make_pipe() for name in CHANNELS}
-            spec = WorkerSpec(
-                rank=worker.rank, local_rank=local_rank, world_size=self.plan.world_size,
-                local_world_size=self.plan.num_processes, node_rank=self.plan.node_rank,
-                device=self.plan.device, backend=self.plan.backend, env=self.plan.env_for(local_rank),
-                events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
-                parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
-                store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
-                explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug, results=self.plan.results,
-                memory_limit=self.plan.memory_limit,
-                progress_path=self._hangs.path_for(worker.rank),
-            )
-            own_read_ends = [read for read, _ in pipes.values()]
-            if self.store_listen_fd >= 0 and worker.rank != 0:
-                own_read_ends.append(self.store_listen_fd)  # (closed in the child: only rank 0 serves)
-            try:
-                worker.pid, worker.popen = self._starter.start(spec, kernel_fds + own_read_ends)
-            except BaseException:  # the workers already started are stopped by the teardown
-                for read, write in pipes.values():
-                    os.close(read)
-                    os.close(write)
-                raise
-            for name, (read, write) in pipes.items():
-                os.close(write)
-                os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
-                worker.read_fds[name] = read
-                self._selector.register(read, selectors.EVENT_READ, (worker, name))
-            kernel_fds += own_read_ends
-            if worker.open_pidfd() is not None:
-                kernel_fds.append(worker.pidfd)
-                self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, "exit"))
-            self._demux[worker.rank] = RankDemux(worker.rank)
-            self._workers.append(worker)
+        started = start_xla_host if self.plan.xla is not None else start_each_rank
+        for worker, pipes in started(self.plan, self._starter, self._spec_for, self.store_listen_fd):
+            self._watch(worker, pipes)
+
+    def _spec_for(self, worker: WorkerProcess, pipes: dict) -> WorkerSpec:
+        local_rank = worker.local_rank
+        return WorkerSpec(
+            rank=worker.rank, local_rank=local_rank, world_size=self.plan.world_size,
+            local_world_size=self.plan.num_processes, node_rank=self.plan.node_rank,
+            device=self.plan.device, backend=self.plan.backend, env=self.plan.env_for(local_rank),
+            events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
+            parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
+            store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
+            explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug, results=self.plan.results,
+            memory_limit=self.plan.memory_limit,
+            progress_path=self._hangs.path_for(worker.rank),
+        )
+
+    def _watch(self, worker: WorkerProcess, pipes: dict) -> None:
+        """A started worker's pipes (their write ends closed here) and its exit, in the selector."""
+        for name, (read, write) in pipes.items():
+            os.close(write)
+            os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
+            worker.read_fds[name] = read
+            self._selector.register(read, selectors.EVENT_READ, (worker, name))
+        if worker.host is None and worker.open_pidfd() is not None:
+            self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, "exit"))
+        self._demux[worker.rank] = RankDemux(worker.rank)
+        self._workers.append(worker)
 
     def _wait(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -373,12 +366,19 @@ class Supervisor:
     # -- stop --------------------------------------------------------------------------------------------------
     def _request_stack_dumps(self) -> None:
         """Ask every live worker for all its threads' Python stacks (faulthandler on SIGUSR1 → its stderr)."""
+        asked = set()
         for worker in self._workers:
             if worker.alive:
                 self._stack_dump_seq[worker.rank] = self._demux[worker.rank].seq
                 self._demux[worker.rank].expect_stack_dump()
+                if worker.pid in asked:
+                    continue
+                asked.add(worker.pid)
                 try:
-                    os.kill(worker.pid, signal.SIGUSR1)
+                    if self.plan.xla is not None:  # every process torch_xla started for the ordinals dumps too
+                        os.killpg(worker.pid, signal.SIGUSR1)
+                    else:
+                        os.kill(worker.pid, signal.SIGUSR1)
                 except ProcessLookupError:
                     pass
 

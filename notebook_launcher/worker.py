@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import copy
-import ctypes
 import faulthandler
 import logging
 import os
@@ -26,21 +24,19 @@ import pickle
 import signal
 import sys
 import time
-import traceback
 
 from . import balance_meter
 from .accelerate_state import prepare_accelerate
-from .events import FAILURE, RESULT, STATUS, EventWriter, WorkerSpec
+from .events import STATUS, EventWriter, WorkerSpec
 from .logging import install_event_logging
 from .progress_record import ProgressRecord
-from .proctree import become_subreaper, end_own_descendants
+from .proctree import become_subreaper, die_with_parent, end_own_descendants
+from .reporting import call_and_report
 from .streams import FdTextStream, one_write_print
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _RETURNED_KEY = "notebook_launcher/returned"
 _LEFT_KEY = "notebook_launcher/left"
-_PR_SET_PDEATHSIG = 1
 
 
 def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None:
@@ -90,47 +86,51 @@ def _load_payload(path: str):
 
 
 def _run(spec: WorkerSpec, load_function) -> int:
-    _die_with_parent(spec.parent_pid)
+    die_with_parent(spec.parent_pid)
     become_subreaper()  # what the user's code starts, even by a double fork, stays below this rank
     _default_signal_handlers()
     atexit._clear()  # the kernel's exit handlers are not the worker's; the user's own run at the end
-    events = EventWriter(spec.events_fd, spec.rank)
+    if spec.device == "xla":  # this process is torch_xla's host of every rank: each ordinal writes its own
+        from .xla_host import OrdinalWriters, run_host
+
+        events = OrdinalWriters(spec)
+    else:
+        events = EventWriter(spec.events_fd, spec.rank)
     kernel_streams = _capture_streams(spec, events)
     install_event_logging(events, kernel_streams)
     _retarget_logging_handlers(kernel_streams)
+    if spec.device == "xla":
+        exit_code = run_host(spec, events, load_function)
+    else:
+        exit_code = _run_rank(spec, events, load_function)
+    _run_exit_handlers()
+    end_own_descendants()  # nothing the rank started outlives it
+    return exit_code
+
+
+def _run_rank(spec: WorkerSpec, events: EventWriter, load_function) -> int:
+    """One rank in this process: the process group, the hooks, the function, its result or exception."""
     events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
     os.environ.update(spec.env)
-    process_group_up = False
-    try:
+
+    def set_up_and_call():
         function, args = load_function()
         prepare_accelerate(cpu_launch=spec.device == "cpu")
         _limit_cpu_threads(spec)
-        process_group_up = _init_process_group(spec)
-        progress = _install_collective_hooks(spec, events) if process_group_up else None
+        progress = _install_collective_hooks(spec, events) if _init_process_group(spec) else None
         _prepare_memory_handling(spec, events)
         _connect_progress_reports(events)
         balance_meter.connect(events.emit, progress)
         events.emit(STATUS, {"state": "running"})
         try:
-            result = function(*args)
+            return function(*args)
         finally:
             balance_meter.finish()
-        _report_result(events, result, spec)
-        exit_code = 0
-    except SystemExit as exc:
-        exit_code = _exit_code_of(exc)
-        if exit_code == 0:
-            _report_result(events, None, spec)
-        else:
-            _report_failure(events, exc, exit_code, message=f"the function called sys.exit({exc.code!r})")
-    except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
-        exit_code = 1
-        _report_failure(events, exc, exit_code, message=_memory_limit_note(spec, exc))
-    events.emit(STATUS, {"state": "finished" if exit_code == 0 else "failed", "exit_code": exit_code})
-    if exit_code == 0 and process_group_up:
+
+    exit_code = call_and_report(events, set_up_and_call, spec.rank, spec.results,
+                                explain=lambda exc: _memory_limit_note(spec, exc))
+    if exit_code == 0:
         _leave_process_group(spec.world_size)
-    _run_exit_handlers()
-    end_own_descendants()  # nothing the rank started outlives it
     return exit_code
 
 
@@ -144,55 +144,6 @@ def _memory_limit_note(spec: WorkerSpec, exc: BaseException) -> str | None:
             f"memory_limit, or use a smaller batch (find_executable_batch_size does that for you)]")
 
 
-def _exit_code_of(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
-    return 1
-
-
-def _report_result(events: EventWriter, result, spec: WorkerSpec) -> None:
-    from .results import pack_result
-
-    data, parts = pack_result(_to_cpu(result), spec.rank, spec.results)
-    events.emit_parts(RESULT, data, parts)
-
-
-def _report_failure(events: EventWriter, exc: BaseException, exit_code: int, message: str | None = None) -> None:
-    frames = exc.__traceback__
-    while frames is not None and frames.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frames = frames.tb_next  # from the user's first frame on: the launcher's add nothing to the story
-    text = "".join(traceback.format_exception(type(exc), exc, frames))
-    events.emit(FAILURE, {
-        "type": type(exc).__qualname__,
-        "module": type(exc).__module__,
-        "message": message if message is not None else str(exc),
-        "traceback": text,
-        "exit_code": exit_code,
-        # debug mode's check fails on every rank together: the kernel lets the others report it too
-        "all_ranks_raise": type(exc).__name__ == "DistributedOperationException",
-        "oom_retry": getattr(exc, "event_data", None) if type(exc).__name__ == "OutOfMemoryRetry" else None,
-    })
-
-
-def _to_cpu(value):
-    """Tensors in the result come back on the CPU, so the kernel never touches a device."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        clone = copy.copy(value)  # keeps a state_dict's _metadata
-        for key, item in value.items():
-            clone[key] = _to_cpu(item)
-        return clone
-    if type(value) in (list, tuple):
-        return type(value)(_to_cpu(item) for item in value)
-    return value
-
-
 def _no_input(prompt=""):
     raise EOFError("input() is not available in a launched worker: read values in the notebook and pass them "
                    "through args=(...)")
@@ -204,17 +155,6 @@ def _default_signal_handlers() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the kernel died before prctl took effect
-        os._exit(75)
 
 
 def _capture_streams(spec: WorkerSpec, events: EventWriter) -> tuple:
@@ -355,21 +295,3 @@ def _run_exit_handlers() -> None:
     except Exception:  # noqa: BLE001
         pass
     logging.shutdown()
-
-
-class XlaEntry:
-    """What torch_xla's ``xmp.spawn`` runs on each TPU core: the function, and rank 0's result saved to a file
-    for the kernel (xmp.spawn itself returns nothing)."""
-
-    def __init__(self, function, result_path: str):
-        self.function = function
-        self.result_path = result_path
-
-    def __call__(self, index, *args):
-        result = self.function(*args)
-        if index == 0:
-            import cloudpickle
-
-            with open(self.result_path, "wb") as out:
-                cloudpickle.dump(_to_cpu(result), out)
-        return result

@@ -23,7 +23,6 @@ from .attempts import Attempts
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
 from .local import LocalLauncher
-from .xla import XlaLauncher
 
 _kernel_checked = False
 
@@ -39,7 +38,7 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
     panel = None
     if not isinstance(display, str):
         shown = display
-    elif wants_panel(display) and not plan.runs_in_kernel and plan.device != "xla":
+    elif wants_panel(display) and not plan.runs_in_kernel:
         ranks = range(plan.world_size) if hosts else [plan.global_rank(local) for local in range(plan.num_processes)]
         shown = panel = PanelDisplay(RunState(run.run_id, run.run_dir, plan.device, plan.backend, plan.start_method,
                                               plan.num_processes, plan.world_size, list(ranks)),
@@ -80,8 +79,6 @@ def choose_launcher(plan, hosts: HostSettings | None):
         return HostsLauncher(hosts, spawn_payload(plan.function, plan.args))
     if plan.runs_in_kernel:
         return InKernelLauncher()
-    if plan.device == "xla":
-        return XlaLauncher()
     return LocalLauncher(spawn_payload(plan.function, plan.args) if plan.spawns_workers else b"")
 
 

@@ -1,4 +1,5 @@
-"""Ranks on this machine: one forked or spawned worker per rank, supervised by this kernel.
+"""Ranks on this machine: one forked or spawned worker per rank, supervised by this kernel (for XLA one
+process, torch_xla's host of every ordinal: see ``xla_host``).
 
 On several nodes each node's kernel runs this launcher for its own ranks; with ``rdzv_backend="c10d"`` the
 nodes first meet at torch's rendezvous, which gives each its node rank and node 0's store address.
@@ -17,6 +18,7 @@ from ..results import prepare as prepare_results
 from ..rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from ..runs import Run
 from ..supervisor import Supervisor, SupervisorOutcome
+from ..xla_devices import import_xla_multiprocessing
 from .attempts import Attempts
 
 
@@ -29,6 +31,9 @@ class LocalLauncher:
     def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
         if plan.start_method == "fork":  # imported once here, not in every forked worker
             import torch.distributed  # noqa: F401 (~1 s each)
+
+            if plan.xla is not None:
+                import_xla_multiprocessing()  # (~7 s; it does not start the XLA runtime)
 
             prepare_results()
         payload_path = self._write_payload(attempts.log) if self.payload else ""
@@ -80,7 +85,9 @@ class LocalLauncher:
                                        master_port=meeting.master_port)
             display.retarget(plan.node_rank, [plan.global_rank(local) for local in range(plan.num_processes)])
             return plan, meeting.reservation
-        reservation = reserve_port(plan.master_addr, plan.requested_port) if plan.num_nodes == 1 else None
+        reservation = None  # (XLA ordinals meet through torch_xla's runtime, not a store of ours)
+        if plan.num_nodes == 1 and plan.xla is None:
+            reservation = reserve_port(plan.master_addr, plan.requested_port)
         if reservation is not None:
             plan = dataclasses.replace(plan, master_port=reservation.port, port_note=reservation.note)
         return plan, reservation
