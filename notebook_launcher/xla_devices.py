@@ -97,8 +97,8 @@ def _cpu_layout(num_processes) -> XlaLayout:
             raise LaunchArgumentError(f"{CPU_DEVICES_VAR}={given!r} is not a number of devices") from None
         if devices < 1:
             raise LaunchArgumentError(f"{CPU_DEVICES_VAR}={given!r} must be 1 or more")
-        _check_count(num_processes, devices, f"PJRT's CPU device has {devices} (environment variable "
-                                             f"{CPU_DEVICES_VAR}={given})",
+        _check_count(num_processes, devices, f"PJRT's CPU device has {devices} device(s) here "
+                                             f"({CPU_DEVICES_VAR}={given} in the environment)",
                      f"or set os.environ['{CPU_DEVICES_VAR}'] = '{num_processes}' before the launch")
     else:
         devices = 1 if num_processes is None else _count(num_processes)
@@ -119,7 +119,7 @@ def _tpu_layout(num_processes) -> XlaLayout:
     if devices < 1:
         raise LaunchArgumentError("device='xla' with PJRT_DEVICE=TPU, but torch_xla finds no TPU chip on this "
                                   "host; set PJRT_DEVICE=CPU to try PJRT's CPU device")
-    _check_count(num_processes, devices, f"torch_xla runs every TPU device of this host: {devices}", "")
+    _check_count(num_processes, devices, f"this host has {devices} TPU device(s), by torch_xla's count", "")
     return XlaLayout("TPU", devices, processes, {"PJRT_DEVICE": "TPU"})
 
 
@@ -143,5 +143,5 @@ def _check_count(num_processes, devices: int, what: str, other_fix: str) -> None
     if num_processes is not None and _count(num_processes) != devices:
         fix = f"pass num_processes={devices} (or leave it out){', ' + other_fix if other_fix else ''}"
         raise LaunchArgumentError(
-            f"num_processes={num_processes}, but {what}: torch_xla runs one rank per device and takes no count "
-            f"of its own. Fix: {fix}.")
+            f"num_processes={num_processes}, but {what}, and torch_xla runs one rank on every device (it takes "
+            f"no count of its own). Fix: {fix}.")
