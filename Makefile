@@ -8,7 +8,10 @@ TORCH_VERSION ?= 2.13.0
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 
-.PHONY: demo test bench lab clean system-deps
+XLA_VENV ?= .venv-xla
+XLA_TORCH_VERSION ?= 2.9.0
+
+.PHONY: demo test test-xla bench lab clean system-deps
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +29,20 @@ system-deps:
 test: $(VENV)/.ready system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# device="xla" on the real torch_xla, on PJRT's CPU device with 2 devices (tests/xla). A venv of its own: torch and
+# torch-xla of one version from PyPI (about 7 GB), and what the tests need; the package itself from this checkout.
+$(XLA_VENV)/.ready:
+	$(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/pip install -q --upgrade pip
+	$(XLA_VENV)/bin/pip install -q "torch==$(XLA_TORCH_VERSION)" "torch-xla==$(XLA_TORCH_VERSION)"
+	$(XLA_VENV)/bin/pip install -q cloudpickle ipython ipykernel ipywidgets pyyaml numpy psutil pytest pytest-timeout \
+		nbclient nbformat jupyter_client
+	touch $@
+
+test-xla: $(XLA_VENV)/.ready
+	NOTEBOOK_LAUNCHER_TEST_XLA=1 PJRT_DEVICE=CPU CPU_NUM_DEVICES=2 PYTHONPATH=$(CURDIR) \
+		$(XLA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/xla
+
 # JupyterLab on notebooks/ (127.0.0.1:$(LAB_PORT)), to see the live panel: open the URL it prints, run a notebook.
 lab: $(VENV)/.ready
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
@@ -35,4 +52,4 @@ bench: $(VENV)/.ready
 	$(BIN)/python benchmarks/launch_overhead.py
 
 clean:
-	rm -rf $(VENV) notebooks/*.executed.ipynb
+	rm -rf $(VENV) $(XLA_VENV) notebooks/*.executed.ipynb
