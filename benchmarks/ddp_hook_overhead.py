@@ -38,7 +38,7 @@ import torch
 from common import HERE, write_json
 
 from notebook_launcher import last_run, notebook_launcher
-from notebook_launcher.ddp_watch import MAX_PERIOD
+from notebook_launcher.rank.ddp_watch import MAX_PERIOD
 
 LAUNCHES = 5
 ROUNDS = 12
@@ -99,7 +99,7 @@ def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
     import timeit
 
     from notebook_launcher import balance_meter, ddp_watch
-    from notebook_launcher.progress_record import ProgressRecord
+    from notebook_launcher.schema.progress_record import ProgressRecord
 
     class Model:  # what the watch reads of a DDP model
         require_backward_grad_sync = True

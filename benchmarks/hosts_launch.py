@@ -9,7 +9,7 @@ tests' `local_sshd` fixture does, and stopped at the end (checked gone). With N 
 1. Launch -> return of a no-op function with a gloo process group up on every rank:
    a. hosts:      notebook_launcher(noop, num_processes=N, hosts=["127.0.0.1", "127.0.0.2"], ssh_options=...,
                   device="cpu", display="text", use_port=<free port>): each host's ranks started over SSH by
-                  `python -m notebook_launcher.agent`, their events signed and carried back on the SSH channel;
+                  `python -m notebook_launcher.launchers.agent`, their events signed and carried back on the SSH channel;
    b. local:      notebook_launcher(noop, num_processes=2N, device="cpu", display="text", use_port=<free port>);
    c. ssh_import: the bare cost of SSH + an interpreter with torch imported on both hosts in parallel: two
                   `ssh <same options> HOST <python> -c "import torch.distributed"` run concurrently, wall time;
@@ -25,7 +25,7 @@ tests' `local_sshd` fixture does, and stopped at the end (checked gone). With N 
    group is up); the other ranks wait in dist.barrier() for it. Measured: launch -> RankFailedError caught here
    (minus (a)'s median: the cost of the failure beyond a clean launch), the failing rank's raise -> caught (its
    time.monotonic() is written to a file; CLOCK_MONOTONIC is system wide), the rank blamed, and how long until
-   every process under our sshd (the sessions, the agents -- command lines with "notebook_launcher.agent" -- and
+   every process under our sshd (the sessions, the agents -- command lines with "notebook_launcher.launchers.agent" -- and
    their ranks) is gone (must be within 10 s).
 
 Everything the launchers print goes to a log file in a temporary directory (run logs too), removed at the end;
@@ -505,7 +505,7 @@ class Bench:
         # every agent (and its ranks) under our sshd gone within 10 s of the RankFailedError?
         deadline = caught_at + GONE_WITHIN_S
         while True:
-            agents = [p for p in self.sshd.remote_processes() if "notebook_launcher.agent" in cmdline(p)]
+            agents = [p for p in self.sshd.remote_processes() if "notebook_launcher.launchers.agent" in cmdline(p)]
             if not agents:
                 out["agents_gone_s"] = time.monotonic() - caught_at
                 break

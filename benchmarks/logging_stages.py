@@ -23,13 +23,13 @@ from timeit import repeat
 from common import HERE, write_json
 
 from notebook_launcher import logging as nl_logging
-from notebook_launcher.demux import LINES_READ_BYTES, RankDemux
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventWriter, encode_frame
-from notebook_launcher.lines import EventList, expand_lines
-from notebook_launcher.ordering import InOrderRelease
-from notebook_launcher.runlog import RunLog
+from notebook_launcher.schema.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventWriter, encode_frame
+from notebook_launcher.schema.lines import EventList, expand_lines
+from notebook_launcher.schema.runlog import RunLog
+from notebook_launcher.supervision.demux import LINES_READ_BYTES, RankDemux
+from notebook_launcher.supervision.ordering import InOrderRelease
 
 N = 20_000
 RESULTS = os.path.join(HERE, "results", "logging_stages.json")
@@ -78,9 +78,9 @@ def worker_side(directory: str) -> dict:
     stdout = sys.stdout
     try:
         try:
-            from notebook_launcher.streams import FdTextStream, one_write_print
+            from notebook_launcher.rank.streams import FdTextStream, one_write_print
         except ImportError:  # (an older checkout: the streams were in worker.py, print was Python's)
-            from notebook_launcher.worker import FdTextStream
+            from notebook_launcher.rank.worker import FdTextStream
 
             def one_write_print(original):
                 return original

@@ -19,7 +19,7 @@ import torch
 from common import HERE, write_json
 
 from notebook_launcher import find_executable_batch_size, last_run, notebook_launcher
-from notebook_launcher.memory import memory_figures
+from notebook_launcher.rank.memory import memory_figures
 
 MB = 2**20
 REPEATS = 5

@@ -83,7 +83,7 @@ from notebook_launcher.display.panel import MAX_UPDATES_PER_S, PanelDisplay
 from notebook_launcher.display.rank_state import HISTORY_POINTS, LINES_PER_RANK
 from notebook_launcher.display.state import MIME_TYPE, RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import PROGRESS, STREAM, Event
+from notebook_launcher.schema.events import PROGRESS, STREAM, Event
 
 RESULTS_PATH = os.path.join(HERE, "results", "panel_overhead.json")
 NUM_RANKS = 2

@@ -4,20 +4,63 @@
     result = notebook_launcher(train, args=(1e-3,), num_processes=2)
 """
 
+from ._version import __version__
 from .doctor import doctor, env_report, same_effective_batch, set_seed
-from .errors import (HostFailedError, LaunchArgumentError, LaunchTimeoutError, NotebookLauncherError, RankFailedError,
-                     ResultUnavailableError, RunNotFoundError)
+from .errors import (
+    HostFailedError,
+    LaunchArgumentError,
+    LaunchTimeoutError,
+    NotebookLauncherError,
+    RankFailedError,
+    ResultUnavailableError,
+    RunNotFoundError,
+)
 from .launcher import notebook_launcher
-from .runs import Run, inspect_run, last_run
-from .logging import get_logger
-from .memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
-from .ops import DistributedOperationException
-from .progress import report
-from .triggers import check_trigger, set_trigger
-
-__version__ = "0.1.0"
+from .ops import (
+    DistributedOperationException,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+)
+from .rank.logging import get_logger
+from .rank.memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
+from .rank.progress import report
+from .rank.triggers import check_trigger, set_trigger
+from .runs import Run, inspect_run, last_run, recent_runs
+from .schema.runlog import read_run_log
 
 __all__ = [
+    # launching
+    "notebook_launcher",
+    # inside the launched function
+    "broadcast",
+    "broadcast_object_list",
+    "check_trigger",
+    "find_executable_batch_size",
+    "free_memory",
+    "gather",
+    "gather_object",
+    "get_logger",
+    "pad_across_processes",
+    "reduce",
+    "release_memory",
+    "report",
+    "same_effective_batch",
+    "set_seed",
+    "set_trigger",
+    "should_reduce_batch_size",
+    # runs and diagnostics
+    "Run",
+    "doctor",
+    "env_report",
+    "inspect_run",
+    "last_run",
+    "read_run_log",
+    "recent_runs",
+    # errors
     "DistributedOperationException",
     "HostFailedError",
     "LaunchArgumentError",
@@ -26,22 +69,7 @@ __all__ = [
     "RankFailedError",
     "ResultUnavailableError",
     "RunNotFoundError",
-    "check_trigger",
-    "doctor",
-    "env_report",
-    "find_executable_batch_size",
-    "free_memory",
-    "inspect_run",
-    "Run",
-    "get_logger",
-    "last_run",
-    "notebook_launcher",
-    "release_memory",
-    "report",
-    "same_effective_batch",
-    "set_seed",
-    "set_trigger",
-    "should_reduce_batch_size",
+    "__version__",
 ]
 
 

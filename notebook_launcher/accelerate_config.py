@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .errors import LaunchArgumentError
-from .events import TRUE_VALUES
+from .schema.events import TRUE_VALUES
 
 
 def accelerate_default_config_file() -> str:

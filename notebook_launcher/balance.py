@@ -199,7 +199,8 @@ def _straggler(shares: dict, per_step: dict, common) -> int | None:
     if any(share < shares[candidate] + STRAGGLER_GAP for rank, share in shares.items() if rank != candidate):
         return None
     if common:
-        least = sum(1 for step in common if min(shares, key=lambda rank: _step_share(per_step[rank][step])) == candidate)
+        least = sum(1 for step in common
+                    if min(shares, key=lambda rank: _step_share(per_step[rank][step])) == candidate)
         if least < MOST_STEPS * len(common):
             return None
     return candidate

@@ -15,9 +15,17 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from .cluster.remote import (  # noqa: F401
+    OK,
+    PROBLEM,
+    WARNING,
+    Check,
+    check_ssh,
+    mpi_implementation,
+    mpi_sanity_run,
+    read_hostfile,  # the SSH and MPI checks live with the helpers a launch across hosts uses
+)
 from .errors import LaunchArgumentError
-from .remote import (OK, PROBLEM, WARNING, Check, check_ssh, mpi_implementation, mpi_sanity_run,  # noqa: F401
-                     read_hostfile)  # the SSH and MPI checks live with the helpers a launch across hosts uses
 
 
 @dataclass
@@ -101,9 +109,9 @@ def check_cuda_in_kernel() -> Check:
 
 def gpu_table() -> list[dict]:
     """This machine's GPUs (NVML through torch; CUDA stays uninitialized when NVML answers)."""
-    from .plan import cuda_device_count
-
     import torch
+
+    from .plan import cuda_device_count
 
     table = []
     for index in range(cuda_device_count()):
@@ -135,7 +143,7 @@ def check_gpus(num_processes: int | None, gpus: list[dict]) -> Check:
 
 
 def check_port(port: int) -> Check:
-    from .ports import reserve_port
+    from .cluster.ports import reserve_port
 
     reservation = reserve_port("127.0.0.1", port)
     busy = reservation is None or reservation.note
@@ -239,7 +247,7 @@ def env_report() -> str:
     """Versions, OS, devices, relevant environment variables and config: a block to paste into a bug report."""
     import torch
 
-    from . import __version__
+    from ._version import __version__
 
     lines = [f"notebook_launcher: {__version__}", f"Python: {sys.version.split()[0]} ({sys.executable})",
              f"torch: {torch.__version__} (CUDA {torch.version.cuda or 'none'})"]

@@ -6,14 +6,15 @@ Accelerate-compatible keywords into a checked plan, so a bad argument is refused
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
+from .cluster.remote import resolve_hosts, without_user
 from .display import Display, is_display
 from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .launchers import HostSettings, launch
 from .plan import make_plan
-from .remote import resolve_hosts, without_user
 
 
 def notebook_launcher(

@@ -225,7 +225,7 @@ class AccelerateMagics(Magics):
 
 
 def _check_picklable(namespace: dict) -> None:
-    from .payload import first_unpicklable
+    from .launchers.payload import first_unpicklable
 
     culprit = first_unpicklable(namespace.items())
     if culprit:

@@ -13,9 +13,9 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from .errors import LaunchArgumentError
 from .accelerate_config import resolve_debug
-from .results import RESULT_CHOICES
+from .errors import LaunchArgumentError
+from .schema.results import RESULT_CHOICES
 from .xla_devices import XlaLayout, tpu_detected, xla_layout, xla_runtime_initialized
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")

@@ -13,9 +13,9 @@ from typing import Any
 
 from .balance import Balance, BalanceBook
 from .errors import RunNotFoundError
-from .lines import EventList
-from .failure import RankFailure
-from .runlog import RUN_ID, runs_root
+from .schema.lines import EventList
+from .schema.runlog import RUN_ID, runs_root
+from .supervision.failure import RankFailure
 
 KEEP_IN_MEMORY = 20
 _recent_runs: list = []
@@ -177,8 +177,9 @@ def inspect_run(run: Any = None, *, rank: Any = None, kind: Any = None, level: A
     """A panel to browse a run's whole log: filter by rank, log level, kind and text, one page at a time.
 
     ``run`` is a ``Run`` (``last_run()``), the ``RankFailedError``/``LaunchTimeoutError`` a launch raised, a run
-    id (or a unique part of one) from the run log folder (``$NOTEBOOK_LAUNCHER_RUNS_DIR`` or ``~/.cache/notebook_launcher/runs``), a
-    run directory, or None: the last run of this kernel, else the newest run log on disk (after a restart).
+    id (or a unique part of one) from the run log folder (``$NOTEBOOK_LAUNCHER_RUNS_DIR`` or
+    ``~/.cache/notebook_launcher/runs``), a run directory, or None: the last run of this kernel, else the newest
+    run log on disk (after a restart).
     It reads ``events.jsonl``, every event of the run (the ``Run`` in memory keeps only so many lines), and
     shows it a page (``page_size`` rows) at a time, so a run of millions of lines is fine in the browser.
 

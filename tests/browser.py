@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import shutil
 import sys
 import tempfile
 import time

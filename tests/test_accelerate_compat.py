@@ -2,7 +2,6 @@
 
 import os
 
-
 from notebook_launcher import last_run, notebook_launcher
 
 

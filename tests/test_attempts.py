@@ -9,13 +9,13 @@ import time
 import pytest
 
 from notebook_launcher.display.state import RunState
-from notebook_launcher.events import EXIT, FAILURE, LOG, OOM_RETRY, RESTART, STATUS, STREAM, Event
-from notebook_launcher.failure import FailureTracker, root_cause
 from notebook_launcher.launchers.attempts import Attempts
-from notebook_launcher.ordering import InOrderRelease
 from notebook_launcher.plan import make_plan
-from notebook_launcher.runlog import RunLog
 from notebook_launcher.runs import Run
+from notebook_launcher.schema.events import EXIT, FAILURE, LOG, OOM_RETRY, RESTART, STATUS, STREAM, Event
+from notebook_launcher.schema.runlog import RunLog
+from notebook_launcher.supervision.failure import FailureTracker, root_cause
+from notebook_launcher.supervision.ordering import InOrderRelease
 
 
 class Shown:

@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from notebook_launcher import last_run, notebook_launcher
-from notebook_launcher.backchannel import Session
-from notebook_launcher.agent_channel import AGENT_ENV_VAR, node_key
+from notebook_launcher.cluster.agent_channel import AGENT_ENV_VAR, node_key
+from notebook_launcher.cluster.backchannel import Session
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CHALLENGE = b"NOTEBOOK-LAUNCHER-KERNEL/1 "
@@ -130,7 +130,7 @@ def test_an_agent_unpickles_only_what_its_kernel_sent(tmp_path, kernel):
         port = server.getsockname()[1]
         env = {**os.environ, AGENT_ENV_VAR: f"127.0.0.1 {port} {secret.hex()}",
                "OMPI_COMM_WORLD_RANK": "0"}
-        agent = subprocess.Popen([sys.executable, "-m", "notebook_launcher.agent", "--connect"], env=env,
+        agent = subprocess.Popen([sys.executable, "-m", "notebook_launcher.launchers.agent", "--connect"], env=env,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             connection, _ = server.accept()

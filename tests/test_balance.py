@@ -15,7 +15,7 @@ import torch
 
 from notebook_launcher import balance_meter, last_run, notebook_launcher
 from notebook_launcher.balance import BalanceBook
-from notebook_launcher.events import BALANCE
+from notebook_launcher.schema.events import BALANCE
 
 
 def _ddp_with_a_slow_rank(slow_rank, steps=25, delay=0.06):
@@ -193,7 +193,7 @@ def test_the_readmes_example_runs_and_prints_what_the_readme_shows(capsys):
 
 def test_the_panel_state_carries_the_balance_bounded_in_rate_and_anew_after_a_restart(monkeypatch):
     from notebook_launcher.display import state as panel_state
-    from notebook_launcher.events import RESTART, Event
+    from notebook_launcher.schema.events import RESTART, Event
 
     clock = [1000.0]
     monkeypatch.setattr(panel_state.time, "monotonic", lambda: clock[0])
@@ -225,7 +225,7 @@ def test_a_short_runs_final_figures_make_the_panels_balance_once_every_rank_has_
     """A run shorter than the ranks' 10 s interval sends only final figures: the balance is made for the first
     (it was due) and when the last rank's arrive, not anew for each rank in between (64 ranks: 64 x 64)."""
     from notebook_launcher.display import state as panel_state
-    from notebook_launcher.events import Event
+    from notebook_launcher.schema.events import Event
 
     monkeypatch.setattr(panel_state.time, "monotonic", lambda: 1000.0)
     state = panel_state.RunState("id", "/tmp/run", "cpu", "gloo", "fork", 3, 3, [0, 1, 2])
@@ -242,8 +242,8 @@ def test_a_short_runs_final_figures_make_the_panels_balance_once_every_rank_has_
 def test_a_ranks_total_wait_counts_the_ddp_steps_not_sampled_at_the_sampled_ones_mean(tmp_path):
     """The meter notes only DDP's sampled steps and the step before each; the rank's total wait (its
     wait_share) counts every step of the model, the unsampled ones at the sampled ones' mean."""
-    from notebook_launcher.balance_meter import DDP_STEPS, BalanceMeter
-    from notebook_launcher.progress_record import ProgressRecord
+    from notebook_launcher.rank.balance_meter import DDP_STEPS, BalanceMeter
+    from notebook_launcher.schema.progress_record import ProgressRecord
 
     class Watch:  # what the meter reads of a DDP model's watch
         step = 0

@@ -9,9 +9,8 @@ import os
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
-
 from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot
+from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ import time
 
 import nbformat
 import pytest
-
 from browser import command, open_notebook, screenshot
-from notebook_launcher.display.budget import SAVED_BYTES
 from test_browser import _notebook, lab  # noqa: F401  (the fixture)
+
+from notebook_launcher.display.budget import SAVED_BYTES
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,8 @@ import os
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
-
 from browser import chromium, jupyter_lab, open_notebook, quiet_settings, screenshot
+from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +23,7 @@ BUILT = os.path.join(REPO_ROOT, "notebook_launcher", "labextension")
 HANG_CELL = '''\
 from notebook_launcher.display.panel import PanelDisplay
 from notebook_launcher.display.state import RunState
-from notebook_launcher.events import HANG_NOTICE, PROGRESS, STATUS, STREAM, Event
+from notebook_launcher.schema.events import HANG_NOTICE, PROGRESS, STATUS, STREAM, Event
 
 state = RunState("20261201-110000-4242-abcdef", "/tmp/runs/20261201-110000-4242-abcdef", "cpu", "gloo", "fork",
                  2, 2, [0, 1])

@@ -1,6 +1,6 @@
 """One notebook drives two hosts: 127.0.0.1 and 127.0.0.2, reached through a real sshd the test starts.
 
-Each host runs ``notebook_launcher.agent`` over SSH; the ranks of both make one process group, and everything
+Each host runs ``notebook_launcher.launchers.agent`` over SSH; the ranks of both make one process group, and everything
 they say comes back to the launching process, signed with the run's secret.
 """
 
@@ -14,8 +14,14 @@ import psutil
 import pytest
 
 from notebook_launcher import HostFailedError, LaunchArgumentError, RankFailedError, last_run, notebook_launcher
-from notebook_launcher.agent_channel import AGENT_MAGIC, SignedFrameReader, UnverifiedStream, node_key, sign_frame
-from notebook_launcher.events import STATUS, encode_frame
+from notebook_launcher.cluster.agent_channel import (
+    AGENT_MAGIC,
+    SignedFrameReader,
+    UnverifiedStream,
+    node_key,
+    sign_frame,
+)
+from notebook_launcher.schema.events import STATUS, encode_frame
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
@@ -60,7 +66,7 @@ def _pids(pid_dir) -> list[int]:
 def _agents() -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
-        if "notebook_launcher.agent" in " ".join(process.info["cmdline"] or []):
+        if "notebook_launcher.launchers.agent" in " ".join(process.info["cmdline"] or []):
             found.append(process)
     return found
 
@@ -110,7 +116,7 @@ def sum_of_ones():
     total = torch.ones(1)
     dist.all_reduce(total)
     parent = " ".join(psutil.Process(os.getppid()).cmdline())
-    return dist.get_rank(), dist.get_world_size(), total.item(), "notebook_launcher.agent" in parent
+    return dist.get_rank(), dist.get_world_size(), total.item(), "notebook_launcher.launchers.agent" in parent
 
 
 def test_one_process_per_host_runs_in_a_worker_whose_result_comes_back(local_sshd):

@@ -96,7 +96,7 @@ def test_a_rank_waiting_inside_ddps_backward_is_named_with_its_step_and_line():
     line = _leaves_the_loop_early.__code__.co_firstlineno + 9
     assert message.startswith("The ranks stopped making progress: rank 1 had finished its function (last "
                               "collective: DDP gradient all_reduce #5 at")  # #1, #2: DDP(...)'s shape check, broadcast
-    assert (f"rank 0: waiting" in message
+    assert ("rank 0: waiting" in message
             and f"in DDP gradient all_reduce #6 at {__file__}:{line} in _leaves_the_loop_early" in message)
     assert last_run().status == "hung"
     assert psutil.Process().children(recursive=True) == []
@@ -172,8 +172,8 @@ def test_the_kernel_reads_ddps_step_from_the_record_and_times_it_itself(tmp_path
     """What the rank writes at every step is two integers, no clock: the kernel's HangWatch says since when it
     saw the rank inside; a collective called inside DDP's backward (a user's hook) is the innermost while it
     runs, and DDP's backward is where the rank is again once it has returned."""
-    from notebook_launcher.hangs import HangWatch
-    from notebook_launcher.progress_record import ProgressRecord
+    from notebook_launcher.schema.progress_record import ProgressRecord
+    from notebook_launcher.supervision.hangs import HangWatch
 
     watch = HangWatch(str(tmp_path))
     rank_side = ProgressRecord(watch.path_for(0))

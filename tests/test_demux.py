@@ -2,10 +2,17 @@
 
 import struct
 
-from notebook_launcher.demux import RankDemux
-from notebook_launcher.events import (CORRUPT_EVENT_STREAM, FAILURE, LOG, OUTPUT, STREAM, TRUNCATED_EVENT,
-                                      encode_frame)
-from notebook_launcher.lines import expand_lines
+from notebook_launcher.schema.events import (
+    CORRUPT_EVENT_STREAM,
+    FAILURE,
+    LOG,
+    OUTPUT,
+    STREAM,
+    TRUNCATED_EVENT,
+    encode_frame,
+)
+from notebook_launcher.schema.lines import expand_lines
+from notebook_launcher.supervision.demux import RankDemux
 
 
 def flat(items):
@@ -88,7 +95,7 @@ def test_a_stack_dump_the_kernel_asked_for_is_marked_and_the_ranks_own_lines_are
 
 
 def test_plain_lines_come_in_lists_and_anything_else_between_them_keeps_its_place():
-    from notebook_launcher.events import STATUS
+    from notebook_launcher.schema.events import STATUS
 
     demux = RankDemux(rank=2)
     chunk = (encode_frame(2, 1, OUTPUT, {"stream": "stdout", "text": "one\ntwo\n"})

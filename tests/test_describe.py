@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import pytest
 
+from notebook_launcher import inspect_run
 from notebook_launcher.display.describe import Description, describe
 from notebook_launcher.display.fallback import render_text
-from notebook_launcher import inspect_run
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, OUTPUT, PROGRESS, RESULT,
-                                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
-from notebook_launcher.runlog import RunLog
+from notebook_launcher.schema.events import (
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    LAUNCHER,
+    LOG,
+    OOM_RETRY,
+    OUTPUT,
+    PROGRESS,
+    RESULT,
+    SHAPE_MISMATCH,
+    STATUS,
+    STREAM,
+    TRIGGER,
+    Event,
+)
+from notebook_launcher.schema.runlog import RunLog
 
 TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 3, in train\n'
              '    raise ValueError("bad value <here>")\nValueError: bad value <here>\nsecond line\n')

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from notebook_launcher import LaunchArgumentError, notebook_launcher
-from notebook_launcher.agent import ForwardingDisplay
 from notebook_launcher.display import Display, TextDisplay, is_display
 from notebook_launcher.display.panel import PanelDisplay
 from notebook_launcher.display.protocol import FinishingDisplay
 from notebook_launcher.display.state import RunState
-from notebook_launcher.events import EXIT, STATUS, STREAM
+from notebook_launcher.launchers.agent import ForwardingDisplay
+from notebook_launcher.schema.events import EXIT, STATUS, STREAM
 
 
 class Collecting:

@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from notebook_launcher import doctor, env_report, last_run, notebook_launcher, same_effective_batch, set_seed
-from notebook_launcher.doctor import (OK, PROBLEM, WARNING, check_gpus, check_kernel_release, check_reproducibility,
-                                     check_ssh)
+from notebook_launcher.doctor import (
+    OK,
+    PROBLEM,
+    WARNING,
+    check_gpus,
+    check_kernel_release,
+    check_reproducibility,
+    check_ssh,
+)
 
 
 @pytest.mark.parametrize("release, verdict", [

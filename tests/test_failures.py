@@ -59,6 +59,7 @@ def test_root_cause_is_the_raising_rank_not_the_peer_blocked_in_all_reduce(start
 def test_a_rank_that_exits_or_is_killed_ends_the_run_with_its_cause(how, expected_start, exit_code):
     def die():
         import ctypes  # noqa: F401 - used by the segfault case
+
         import torch.distributed as dist
 
         if dist.get_rank() == 1:
@@ -79,6 +80,7 @@ def test_a_rank_that_exits_or_is_killed_ends_the_run_with_its_cause(how, expecte
 def test_segfault_shows_the_python_stack_of_the_crash():
     def crash():
         import ctypes
+
         import torch.distributed as dist
 
         if dist.get_rank() == 0:

@@ -10,7 +10,6 @@ import os
 import re
 import time
 
-import nbformat
 import pytest
 import torch
 from nbclient import NotebookClient
@@ -254,8 +253,8 @@ def test_a_rank_that_waited_long_for_one_that_just_finished_is_not_taken_for_hun
     """Rank 0 waited 5 s in all_reduce for rank 1, which then joined it and finished at once: rank 0 needs a
     moment to see its all_reduce complete. The automatic stop counts the grace from the finish, not from the
     collective's start (it stopped such healthy runs when the kernel saw the finish first)."""
-    from notebook_launcher.hangs import HANG_GRACE_S, HangWatch
-    from notebook_launcher.progress_record import ProgressRecord
+    from notebook_launcher.schema.progress_record import ProgressRecord
+    from notebook_launcher.supervision.hangs import HANG_GRACE_S, HangWatch
 
     watch = HangWatch(str(tmp_path))
     ranks = [ProgressRecord(watch.path_for(rank)) for rank in (0, 1)]

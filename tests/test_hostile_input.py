@@ -14,12 +14,11 @@ import psutil
 import pytest
 import torch
 
-from notebook_launcher import (LaunchArgumentError, RankFailedError, ResultUnavailableError, last_run,
-                               notebook_launcher)
-from notebook_launcher.decoding import FrameDecoder, LineSplitter
-from notebook_launcher.events import encode_frame
-from notebook_launcher.runlog import KEEP_RUNS, PRUNE_MIN_AGE_S, RunLog
-from notebook_launcher.results import SMALL_RESULT_BYTES, pack_result, result_sinks, unpack_result
+from notebook_launcher import LaunchArgumentError, RankFailedError, ResultUnavailableError, last_run, notebook_launcher
+from notebook_launcher.schema.decoding import FrameDecoder, LineSplitter
+from notebook_launcher.schema.events import encode_frame
+from notebook_launcher.schema.results import SMALL_RESULT_BYTES, pack_result, result_sinks, unpack_result
+from notebook_launcher.schema.runlog import KEEP_RUNS, PRUNE_MIN_AGE_S, RunLog
 
 
 def no_children_left():
@@ -169,7 +168,7 @@ def emits_data_json_cannot_hold():
 
 def test_an_event_whose_data_json_cannot_hold_is_logged_all_the_same():
     assert notebook_launcher(emits_data_json_cannot_hold, num_processes=2, device="cpu", display="panel") == "fine"
-    from notebook_launcher.runlog import read_run_log
+    from notebook_launcher.schema.runlog import read_run_log
 
     weird = [event for event in read_run_log(last_run().run_dir) if event["kind"] == "progress"]
     assert [event["data"]["(1, 2)"] for event in weird] == [{"3": "three"}] * 2

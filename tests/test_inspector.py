@@ -5,11 +5,10 @@ import sys
 
 import pytest
 
-from notebook_launcher import RankFailedError, get_logger, notebook_launcher
-from notebook_launcher import RunNotFoundError, inspect_run
+from notebook_launcher import RankFailedError, RunNotFoundError, get_logger, inspect_run, notebook_launcher
 from notebook_launcher.display.inspector import RunInspector
-from notebook_launcher.events import Event
-from notebook_launcher.runlog import RUNS_DIR_ENV_VAR, RunLog
+from notebook_launcher.schema.events import Event
+from notebook_launcher.schema.runlog import RUNS_DIR_ENV_VAR, RunLog
 
 LINES = 30
 HOSTILE = "<b>x</b> & <script>alert(1)</script>"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from notebook_launcher import last_run, notebook_launcher
-from notebook_launcher.runlog import read_run_log
+from notebook_launcher.schema.runlog import read_run_log
 
 
 def sum_of_ranks(scale):
@@ -87,6 +87,7 @@ def test_worker_environment_for_torch_distributed_and_accelerate():
 
 def chatty_then_killed(lines):
     import ctypes
+
     import torch.distributed as dist
 
     if dist.get_rank() == 1:

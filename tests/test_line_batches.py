@@ -9,10 +9,10 @@ import sys
 
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
-from notebook_launcher.events import LOG, LOG_FRAME, RECORD_KEYS, STREAM, Event
-from notebook_launcher.lines import EventList, LogRecords, StreamLines
-from notebook_launcher.failure import FailureTracker
-from notebook_launcher.runlog import RunLog
+from notebook_launcher.schema.events import LOG, LOG_FRAME, RECORD_KEYS, STREAM, Event
+from notebook_launcher.schema.lines import EventList, LogRecords, StreamLines
+from notebook_launcher.schema.runlog import RunLog
+from notebook_launcher.supervision.failure import FailureTracker
 
 TEXTS = ["plain", "", "with \"quotes\" and \\ backslash", "tab\there", "é ünïcode ✓ 中文", "\x1b[31mred\x1b[0m",
          "a | pipe", "x" * 3000, "line\u2028separator", "nul \x00 byte"]

@@ -7,9 +7,9 @@ import textwrap
 import time
 
 import pytest
+from conftest import run_torchrun
 
 from notebook_launcher import RankFailedError, get_logger, last_run, notebook_launcher
-from conftest import run_torchrun
 
 
 @pytest.fixture(autouse=True)

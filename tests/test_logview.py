@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from notebook_launcher.display.logview import LogView
 from notebook_launcher import RunNotFoundError
+from notebook_launcher.display.logview import LogView
 from notebook_launcher.runs import resolve_run
-from notebook_launcher.events import EXIT, FAILURE, LOG, PROGRESS, STATUS, STREAM, Event
-from notebook_launcher.runlog import RunLog
+from notebook_launcher.schema.events import EXIT, FAILURE, LOG, PROGRESS, STATUS, STREAM, Event
+from notebook_launcher.schema.runlog import RunLog
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 2, in f\nValueError: no <good>\n'
 

@@ -9,9 +9,17 @@ import psutil
 import pytest
 import torch
 
-from notebook_launcher import (LaunchArgumentError, RankFailedError, find_executable_batch_size, free_memory,
-                               last_run, notebook_launcher, release_memory, should_reduce_batch_size)
-from notebook_launcher.memory import memory_figures
+from notebook_launcher import (
+    LaunchArgumentError,
+    RankFailedError,
+    find_executable_batch_size,
+    free_memory,
+    last_run,
+    notebook_launcher,
+    release_memory,
+    should_reduce_batch_size,
+)
+from notebook_launcher.rank.memory import memory_figures
 
 MB = 2**20
 
@@ -34,7 +42,7 @@ def test_one_process_under_a_cap_tries_128_64_32_and_succeeds_at_32(tmp_path):
     script.write_text(textwrap.dedent("""
         import resource, torch
         from notebook_launcher import find_executable_batch_size
-        from notebook_launcher.memory import memory_figures
+        from notebook_launcher.rank.memory import memory_figures
 
         base = memory_figures()["virtual_bytes"]
         resource.setrlimit(resource.RLIMIT_AS, (base + 200 * 2**20, resource.RLIM_INFINITY))

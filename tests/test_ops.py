@@ -7,11 +7,17 @@ import time
 import psutil
 import pytest
 import torch
-
-from notebook_launcher import (LaunchTimeoutError, RankFailedError, check_trigger, last_run, notebook_launcher,
-                               set_trigger)
-from notebook_launcher import ops
 from conftest import run_torchrun
+
+from notebook_launcher import (
+    LaunchTimeoutError,
+    RankFailedError,
+    check_trigger,
+    last_run,
+    notebook_launcher,
+    ops,
+    set_trigger,
+)
 
 
 @pytest.fixture(autouse=True)

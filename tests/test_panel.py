@@ -13,8 +13,16 @@ import time
 
 import pytest
 
-from notebook_launcher import (LaunchArgumentError, LaunchTimeoutError, RankFailedError, find_executable_batch_size,
-                               last_run, notebook_launcher, report, set_trigger)
+from notebook_launcher import (
+    LaunchArgumentError,
+    LaunchTimeoutError,
+    RankFailedError,
+    find_executable_batch_size,
+    last_run,
+    notebook_launcher,
+    report,
+    set_trigger,
+)
 from notebook_launcher.display.fallback import render_html, render_text
 from notebook_launcher.display.panel import PanelDisplay
 from notebook_launcher.display.state import MIME_TYPE, RunState
@@ -30,6 +38,7 @@ def launch(function, *args, **options):
 # -- workers ---------------------------------------------------------------------------------------------------------
 def chatty(count):
     import logging
+
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -245,7 +254,7 @@ def test_updates_are_throttled_but_the_last_state_is_always_sent(monkeypatch):
 
     monkeypatch.setattr(IPython.display, "display", lambda bundle, raw, display_id: handle.bundles.append(bundle)
                         or handle)
-    from notebook_launcher.events import STREAM, Event
+    from notebook_launcher.schema.events import STREAM, Event
 
     for seq in range(1, 1001):  # a thousand lines in a burst: a handful of updates, not a thousand
         panel.show(Event(rank=seq % 2, seq=seq, time=time.monotonic(), kind=STREAM,
@@ -258,8 +267,8 @@ def test_updates_are_throttled_but_the_last_state_is_always_sent(monkeypatch):
 
 
 def test_long_lines_with_bars_are_cheap_to_fold_and_crlf_split_across_reads_keeps_its_line():
-    from notebook_launcher.decoding import LineSplitter
-    from notebook_launcher.events import STREAM, Event
+    from notebook_launcher.schema.decoding import LineSplitter
+    from notebook_launcher.schema.events import STREAM, Event
 
     state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 1, 1, [0])
     vocabulary = str({f"<|token{i}|>": i for i in range(20_000)})  # 400 KB with many "|": no regex blowup
@@ -273,12 +282,12 @@ def test_long_lines_with_bars_are_cheap_to_fold_and_crlf_split_across_reads_keep
 
 
 def test_a_large_state_is_cut_to_the_saved_budget_so_it_still_goes_out_at_the_usual_pace(monkeypatch):
+    import IPython.display
     from IPython.core.interactiveshell import InteractiveShell
 
-    import IPython.display
     from notebook_launcher.display import panel as panel_module
     from notebook_launcher.display.budget import SAVED_BYTES, saved_size
-    from notebook_launcher.events import STREAM, Event
+    from notebook_launcher.schema.events import STREAM, Event
 
     monkeypatch.setattr(InteractiveShell, "initialized", classmethod(lambda cls: True))
     handle = _FakeHandle()
@@ -312,7 +321,7 @@ def test_a_large_state_is_cut_to_the_saved_budget_so_it_still_goes_out_at_the_us
 
 # -- hang notices (events the kernel's watchdog makes, built here by hand) -------------------------------------------
 def _hang_notice(seq: int, at: float, state: str, **data):
-    from notebook_launcher.events import HANG_NOTICE, Event
+    from notebook_launcher.schema.events import HANG_NOTICE, Event
 
     return Event(rank=-1, seq=seq, time=at, kind=HANG_NOTICE, data={"state": state, **data})
 
@@ -330,7 +339,7 @@ def _open_notice(seq: int, at: float, stack: str = "rank 1's stack"):
 
 
 def _hang_state():
-    from notebook_launcher.events import STATUS, Event
+    from notebook_launcher.schema.events import STATUS, Event
 
     state = RunState("id", "/tmp/run", "cpu", "gloo", "fork", 4, 4, [0, 1, 2, 3])
     start = state._started
@@ -359,7 +368,7 @@ def test_an_open_hang_notice_is_a_live_card_and_badges_on_the_ranks_it_lists():
 
 
 def test_a_cleared_notice_stays_not_live_and_the_ranks_run_again_unless_they_ended():
-    from notebook_launcher.events import EXIT, Event
+    from notebook_launcher.schema.events import EXIT, Event
 
     state, start = _hang_state()
     state.observe(_open_notice(1, start + 40.0))
@@ -404,7 +413,7 @@ def test_hang_notices_are_bounded_and_a_live_one_ends_with_the_run():
 
 
 def test_a_restart_ends_a_live_hang_notice():
-    from notebook_launcher.events import RESTART, Event
+    from notebook_launcher.schema.events import RESTART, Event
 
     state, start = _hang_state()
     state.observe(_open_notice(1, start + 40.0))

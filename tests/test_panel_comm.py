@@ -10,11 +10,11 @@ import queue
 import time
 
 import pytest
+from test_kernel import PANEL_MIME, running_kernel
 
 from notebook_launcher.display.comm import unpack
 from notebook_launcher.display.delta import apply_delta
 from notebook_launcher.display.panel import REFRESH_S
-from test_kernel import PANEL_MIME, running_kernel
 
 pytestmark = pytest.mark.slow
 

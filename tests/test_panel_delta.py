@@ -18,8 +18,22 @@ from notebook_launcher.display.comm import PanelChannel, unpack
 from notebook_launcher.display.delta import DeltaTracker, apply_delta
 from notebook_launcher.display.panel import PanelDisplay
 from notebook_launcher.display.state import MIME_TYPE, RunState
-from notebook_launcher.events import (BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS,
-                                      RESTART, SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
+from notebook_launcher.schema.events import (
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    HANG_NOTICE,
+    LAUNCHER,
+    LOG,
+    OOM_RETRY,
+    PROGRESS,
+    RESTART,
+    SHAPE_MISMATCH,
+    STATUS,
+    STREAM,
+    TRIGGER,
+    Event,
+)
 
 
 def _random_event(rng: random.Random, seq: int, ranks: list[int]) -> Event:
@@ -135,7 +149,7 @@ def test_the_saved_bundle_of_64_ranks_holds_its_budget_and_keeps_each_ranks_newe
     assert payload["saved"] == {"limit": SAVED_BYTES, "lines_total": 64 * 250, "lines_kept": sum(kept)}
     assert payload["failure"]["traceback"].startswith("T" * 1000) and "more characters in the run log" in \
         payload["failure"]["traceback"]
-    assert "in the run log" in bundle["text/plain"] and f"rank 63 line 249" in bundle["text/plain"]
+    assert "in the run log" in bundle["text/plain"] and "rank 63 line 249" in bundle["text/plain"]
 
 
 def test_a_quiet_rank_leaves_its_share_of_the_budget_to_a_chatty_one():
@@ -154,8 +168,8 @@ class _Shell:
     """IPython's display() and its handle, recorded."""
 
     def __init__(self, monkeypatch):
-        from IPython.core.interactiveshell import InteractiveShell
         import IPython.display
+        from IPython.core.interactiveshell import InteractiveShell
 
         self.bundles = []
         monkeypatch.setattr(InteractiveShell, "initialized", classmethod(lambda cls: True))

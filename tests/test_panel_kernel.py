@@ -11,7 +11,6 @@ import sys
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
-
 from test_kernel import KERNEL_NAME, PANEL_MIME, _assert_ok, _messages, _shell_reply, running_kernel
 
 SLOW_CELL = '''\

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from notebook_launcher import LaunchArgumentError, doctor, notebook_launcher
+from notebook_launcher.cluster.remote import read_hostfile, resolve_hosts, ssh_command
 from notebook_launcher.doctor import PROBLEM, check_ssh
-from notebook_launcher.remote import read_hostfile, resolve_hosts, ssh_command
 
 
 def work():

@@ -9,9 +9,9 @@ The same path with real XLA tensors runs in ``make test-xla``; with CUDA state_d
 import torch
 
 from notebook_launcher import last_run, notebook_launcher
-from notebook_launcher.decoding import FrameDecoder
-from notebook_launcher.events import encode_frame
-from notebook_launcher.results import pack_result, result_sinks, unpack_result
+from notebook_launcher.schema.decoding import FrameDecoder
+from notebook_launcher.schema.events import encode_frame
+from notebook_launcher.schema.results import pack_result, result_sinks, unpack_result
 
 ELEMENTS = 200_000
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (as the launcher does)
 
-from notebook_launcher.events import EXIT, FAILURE, RESULT, STREAM
-from notebook_launcher.payload import spawn_payload
+from notebook_launcher.cluster.ports import reserve_port
+from notebook_launcher.launchers.payload import spawn_payload
 from notebook_launcher.plan import make_plan
-from notebook_launcher.ports import reserve_port
-from notebook_launcher.results import unpack_result
-from notebook_launcher.supervisor import Supervisor
+from notebook_launcher.schema.events import EXIT, FAILURE, RESULT, STREAM
+from notebook_launcher.schema.results import unpack_result
+from notebook_launcher.supervision.supervisor import Supervisor
 
 
 def supervise(function, args=(), start_method="fork", timeout=None, progress_dir="", tmp_path=None,

@@ -4,9 +4,16 @@ kernel, in a script). Real ranks on gloo; trigger and shape-mismatch events are 
 import pytest
 import torch
 
-from notebook_launcher import (RankFailedError, check_trigger, find_executable_batch_size, last_run,
-                               notebook_launcher, report, set_trigger)
-from notebook_launcher import ops
+from notebook_launcher import (
+    RankFailedError,
+    check_trigger,
+    find_executable_batch_size,
+    last_run,
+    notebook_launcher,
+    ops,
+    report,
+    set_trigger,
+)
 
 TRIGGER = "notebook_launcher.check_trigger"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Callable
+from collections.abc import Callable
 
 SAVED_BYTES = 200_000
 FALLBACK_SHARE = 0.25  # of each rank's kept lines, in text/html and text/plain, once lines are cut
@@ -68,7 +68,8 @@ def _indentation(value, depth: int) -> int:
 
 def _rough_size(payload: dict) -> int:
     """A cheap lower bound of the saved bundle's size: each line's text is in all three renderings."""
-    return sum(3 * len(line.get("text") or "") for rank in payload.get("ranks") or [] for line in rank.get("lines") or [])
+    return sum(3 * len(line.get("text") or "")
+               for rank in payload.get("ranks") or [] for line in rank.get("lines") or [])
 
 
 def bounded_bundle(payload: dict, render: Render, limit: int = SAVED_BYTES) -> dict:

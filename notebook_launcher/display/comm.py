@@ -120,7 +120,7 @@ def panel_channel() -> PanelChannel | None:
                 manager = get_comm_manager()
                 channel = PanelChannel()
                 manager.register_target(TARGET, channel.on_open)
-            except Exception:  # an old ipykernel without the comm package: the MIME output alone, as before
+            except Exception:  # noqa: BLE001 - an old ipykernel without the comm package: the MIME output alone, as before
                 return None
             _channel = channel
     return _channel

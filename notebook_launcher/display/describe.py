@@ -11,10 +11,27 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, OUTPUT, PROGRESS, RESTART,
-                      RESULT, SHAPE_MISMATCH, STATUS, STREAM, TRIGGER)
+from ..schema.events import (
+    BALANCE,
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    HANG_NOTICE,
+    LAUNCHER,
+    LOG,
+    OOM_RETRY,
+    OUTPUT,
+    PROGRESS,
+    RESTART,
+    RESULT,
+    SHAPE_MISMATCH,
+    STATUS,
+    STREAM,
+    TRIGGER,
+)
 
 MAX_DATA_CHARS = 2000  # an unknown kind's data, as JSON, is cut here (the run log has it all)
 LAUNCHER_KINDS = (LAUNCHER, OOM_RETRY, RESTART, HANG_NOTICE)  # the launcher's own lines: no rank prefix

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import string
 
-from ..events import LOG, TRIGGER
+from ..schema.events import LOG, TRIGGER
 from .describe import describe, launcher_line, log_line
 
 _STATUS_COLOURS = {"starting": "#888", "running": "#1a73e8", "finished": "#188038", "failed": "#d93025",
@@ -114,7 +114,8 @@ def render_html(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
     rows[0] = f"<b>{rows[0]}</b>"
     parts = ['<div class="nl-run-static">', f'<pre style="white-space:pre-wrap">{chr(10).join(rows)}</pre>']
     for card in state["shape_mismatches"]:
-        cells = "".join(f"<tr><td>{e(str(p['rank']))}</td><td>{e(str(p['operation']))}</td><td>{e(str(p['shape']))}</td>"
+        cells = "".join(f"<tr><td>{e(str(p['rank']))}</td><td>{e(str(p['operation']))}</td>"
+                        f"<td>{e(str(p['shape']))}</td>"
                         f"<td>{e(str(p['dtype']))}</td><td>{e(str(p['call_site']))}</td></tr>"
                         for p in card["processes"])
         parts.append(f'<table><caption>shape mismatch in {e(card["operation"])}</caption><tr><th>process</th>'

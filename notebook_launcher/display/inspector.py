@@ -22,9 +22,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, TRIGGER
-from .logview import ALL, LEVELS, PAGE_SIZE, LogView, count, elapsed, levelno
+from ..schema.events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, TRIGGER
 from .logreader import Row
+from .logview import ALL, LEVELS, PAGE_SIZE, LogView, count, elapsed, levelno
 
 __all__ = ["Row", "RunInspector"]
 

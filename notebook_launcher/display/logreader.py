@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, NamedTuple
 
-from ..events import LOG, STREAM
+from ..schema.events import LOG, STREAM
 from .describe import describe, log_text
 
 # Row fields by position, for the filters (index access is what keeps 100k rows fast).
@@ -96,7 +96,8 @@ class LogReader:
         for number, line in enumerate(lines, first_number):
             try:
                 record = loads(line)
-                rank, when, kind, data = record["rank"], float(record["time"]) - start, record["kind"], record.get("data")
+                rank, kind, data = record["rank"], record["kind"], record.get("data")
+                when = float(record["time"]) - start
             except (ValueError, KeyError, TypeError, AttributeError):
                 if line.strip():
                     self.unreadable += 1  # a line cut short when the kernel died, or not ours

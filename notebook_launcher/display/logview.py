@@ -20,8 +20,19 @@ import re
 import time
 from typing import Any
 
-from ..events import (BATCH_SIZE, EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESULT, SHAPE_MISMATCH, STATUS,
-                      TRIGGER)
+from ..schema.events import (
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    LAUNCHER,
+    LOG,
+    OOM_RETRY,
+    PROGRESS,
+    RESULT,
+    SHAPE_MISMATCH,
+    STATUS,
+    TRIGGER,
+)
 from .describe import first_line
 from .logreader import _DETAIL, _HAYSTACK, _KIND, _LEVELNO, _RANK, _TEXT, LogReader, Row, read_summary
 

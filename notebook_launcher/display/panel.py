@@ -21,7 +21,7 @@ import json
 import os
 import time
 
-from ..events import Event
+from ..schema.events import Event
 from .budget import SAVED_BYTES, bounded_bundle
 from .comm import PanelChannel, panel_channel, send
 from .delta import DeltaTracker
@@ -167,7 +167,7 @@ class PanelDisplay(FinishingDisplay):
         for comm in comms:
             try:
                 send(comm, message)
-            except Exception:  # a comm closed under us: the MIME output still says everything
+            except Exception:  # noqa: BLE001 - a comm closed under us: the MIME output still says everything
                 pass
 
     def publish(self, final: bool = False, limit: int = SAVED_BYTES) -> None:
@@ -213,6 +213,6 @@ class PanelDisplay(FinishingDisplay):
             for comm in comms:
                 try:
                     comm.close()
-                except Exception:
+                except Exception:  # noqa: BLE001 - closing a comm that is already gone
                     pass
         return self.last_bundle[MIME_TYPE]

@@ -14,9 +14,10 @@ everything to the launching kernel instead.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
 
-from ..events import Event
+from ..schema.events import Event
 
 
 @runtime_checkable

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..events import LOG
-from ..lines import StreamLines
+from ..schema.events import LOG
+from ..schema.lines import StreamLines
 
 LINES_PER_RANK = 200
 HISTORY_POINTS = 200

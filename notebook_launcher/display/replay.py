@@ -12,7 +12,7 @@ import json
 import os
 import time
 
-from ..events import FAILURE, STATUS, Event
+from ..schema.events import FAILURE, STATUS, Event
 from .logreader import read_summary
 from .panel import PanelDisplay, wants_panel
 from .state import RunState

@@ -19,11 +19,26 @@ import re
 import time
 
 from ..balance import BalanceBook
-from ..events import (BALANCE, BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, RESTART,
-                      SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
-from ..lines import LogRecords, StreamLines
+from ..schema.events import (
+    BALANCE,
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    HANG_NOTICE,
+    LAUNCHER,
+    LOG,
+    OOM_RETRY,
+    PROGRESS,
+    RESTART,
+    SHAPE_MISMATCH,
+    STATUS,
+    STREAM,
+    TRIGGER,
+    Event,
+)
+from ..schema.lines import LogRecords, StreamLines
 from .describe import describe
-from .rank_state import HISTORY_POINTS, LINES_PER_RANK, MAX_TEXT, RankState
+from .rank_state import LINES_PER_RANK, MAX_TEXT, RankState
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
@@ -228,7 +243,8 @@ class RunState:
                      for index in range(max(len(operations), len(shapes)))]
         self._bounded(self.shape_mismatches).append({
             "operation": data.get("operation") or " / ".join(dict.fromkeys(o for o in operations if o)),
-            "t": self._t(event), "attempt": self.attempt, "processes": processes, "message": str(data.get("message", ""))[:MAX_TEXT * 4]})
+            "t": self._t(event), "attempt": self.attempt, "processes": processes,
+            "message": str(data.get("message", ""))[:MAX_TEXT * 4]})
 
     def _on_oom_retry(self, event: Event) -> None:
         data = event.data

@@ -10,8 +10,8 @@ from __future__ import annotations
 import string
 import sys
 
-from ..events import FAILURE, LOG, RECORD_KEYS, STREAM, Event
-from ..lines import LogRecords, StreamLines
+from ..schema.events import FAILURE, LOG, RECORD_KEYS, STREAM, Event
+from ..schema.lines import LogRecords, StreamLines
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 

@@ -13,13 +13,13 @@ import dataclasses
 import time
 from typing import Any
 
-from ..events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
-from ..failure import FailureTracker, root_cause
-from ..lines import count_lines, expand_lines
-from ..ordering import InOrderRelease
-from ..results import unpack_result
-from ..runlog import RunLog
 from ..runs import Run
+from ..schema.events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
+from ..schema.lines import count_lines, expand_lines
+from ..schema.results import unpack_result
+from ..schema.runlog import RunLog
+from ..supervision.failure import FailureTracker, root_cause
+from ..supervision.ordering import InOrderRelease
 
 MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
 

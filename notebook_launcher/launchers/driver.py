@@ -16,13 +16,13 @@ from typing import Any
 from ..display import TextDisplay
 from ..display.panel import PanelDisplay, wants_panel
 from ..display.state import RunState
-from ..payload import spawn_payload
-from ..runlog import RunLog
 from ..runs import Run, remember
+from ..schema.runlog import RunLog
 from .attempts import Attempts
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
 from .local import LocalLauncher
+from .payload import spawn_payload
 
 _kernel_checked = False
 

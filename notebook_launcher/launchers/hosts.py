@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster import STOP_GRACE_S, Cluster
+from ..cluster.agents import STOP_GRACE_S, Cluster
 from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
-from ..failure import failure_message
 from ..runs import Run
+from ..supervision.failure import failure_message
 from .attempts import Attempts
 
 

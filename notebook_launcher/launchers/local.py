@@ -11,13 +11,13 @@ import dataclasses
 import os
 from typing import Any
 
+from ..cluster.ports import reserve_port
+from ..cluster.rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from ..errors import LaunchTimeoutError, RankFailedError
-from ..failure import failure_message, hang_message
-from ..ports import reserve_port
-from ..results import prepare as prepare_results
-from ..rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from ..runs import Run
-from ..supervisor import Supervisor, SupervisorOutcome
+from ..schema.results import prepare as prepare_results
+from ..supervision.failure import failure_message, hang_message
+from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
 from .attempts import Attempts
 

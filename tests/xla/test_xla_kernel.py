@@ -47,7 +47,7 @@ def test_a_notebook_function_runs_on_every_ordinal_with_the_panel(tmp_path, star
     assert outputs[1].data["text/plain"] == "[3.0, 3.0]"
     panel = outputs[0].data[PANEL_MIME]
     assert panel["status"] == "finished" and panel["world_size"] == 2 and panel["device"] == "xla"
-    assert panel["notes"][0].startswith(f"2 ordinals (PJRT CPU: 2 devices as threads of one process"), panel["notes"]
+    assert panel["notes"][0].startswith("2 ordinals (PJRT CPU: 2 devices as threads of one process"), panel["notes"]
     for rank in (0, 1):
         column = panel["ranks"][rank]
         assert column["rank"] == rank and column["status"] == "finished"

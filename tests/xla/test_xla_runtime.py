@@ -15,10 +15,9 @@ import time
 import psutil
 import pytest
 import torch
+import torch_xla  # noqa: E402 - this folder runs in the venv `make test-xla` builds (tests/conftest.py)
 
 from notebook_launcher import LaunchArgumentError, LaunchTimeoutError, RankFailedError, last_run, notebook_launcher
-
-import torch_xla  # noqa: E402 - this folder runs in the venv `make test-xla` builds (tests/conftest.py)
 
 ELEMENTS = 200_000
 

@@ -1,0 +1,42 @@
+"""Early stopping across ranks: ``set_trigger()`` on any rank, ``check_trigger()`` on all of them.
+
+    for batch in loader:
+        loss = step(batch)
+        if should_stop(loss):            # true on one rank only
+            set_trigger()
+        if check_trigger():              # true on every rank at the same step, then reset
+            break
+
+``check_trigger`` is a collective (one all_reduce of one number): every rank must call it at the same points.
+In a launched worker the kernel is told which rank set the trigger and where.
+"""
+
+from __future__ import annotations
+
+from ..schema.events import TRIGGER
+from . import ops
+
+_flag = False  # this rank called set_trigger() since the last check
+_emit = None  # set only by connect(): the rank's event writer in a launched worker
+
+
+def connect(emit) -> None:
+    """In a launched worker: each ``set_trigger()`` also becomes a ``trigger`` event through ``emit``."""
+    global _emit
+    _emit = emit
+
+
+def set_trigger() -> None:
+    """Ask every rank to stop at the next ``check_trigger()``."""
+    global _flag
+    _flag = True
+    if _emit is not None:
+        _emit(TRIGGER, {"call_site": ops.call_site()})
+
+
+def check_trigger() -> bool:
+    """True on every rank if any rank called ``set_trigger()`` since the last check (and resets it)."""
+    global _flag
+    fired = ops.any_rank(_flag, "notebook_launcher.check_trigger")
+    _flag = False
+    return fired

@@ -1,0 +1,297 @@
+"""What runs in each rank: environment, process group, stream capture, result and exception reporting.
+
+This module only knows the event schema (``events``); it never imports the kernel side. A worker:
+
+1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on, and is the
+   subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it);
+2. points fd 1 and fd 2 at pipes of its own and replaces ``sys.stdout``/``sys.stderr`` with unbuffered writers on
+   them, so Python prints and C/C++ output (gloo, NCCL, torch warnings) reach the kernel in order and nothing is
+   held in a buffer when the process is killed;
+3. arms ``faulthandler`` (crash dumps, and all threads' stacks on SIGUSR1 for hang diagnosis);
+4. sets the torch.distributed and ``ACCELERATE_*`` environment, initializes the default process group, runs the
+   user's function, reports the result or the exception as events, and exits with ``os._exit`` so that nothing
+   inherited from the kernel (atexit handlers, ipykernel threads' state) runs in the child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import faulthandler
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+
+from ..schema.events import STATUS, EventWriter, WorkerSpec
+from ..schema.proctree import become_subreaper, die_with_parent, end_own_descendants
+from ..schema.progress_record import ProgressRecord
+from . import balance_meter
+from .accelerate_state import prepare_accelerate
+from .logging import install_event_logging
+from .reporting import call_and_report
+from .streams import FdTextStream, one_write_print
+
+SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
+_RETURNED_KEY = "notebook_launcher/returned"
+_LEFT_KEY = "notebook_launcher/left"
+
+
+def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None:
+    """Entry point in a forked child. Never returns."""
+    exit_code = 70  # EX_SOFTWARE, if even the setup below fails
+    try:
+        os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
+        _reset_multiprocessing_after_fork()
+        for fd in inherited_fds_to_close:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        exit_code = _run(spec, lambda: (function, args))
+    finally:
+        os._exit(exit_code)
+
+
+def _reset_multiprocessing_after_fork() -> None:
+    """What multiprocessing does in a child it forks itself: the kernel's finalizers are not the rank's, and
+    objects registered for it (a ``multiprocessing.Queue`` made in the notebook) are reset, so that a rank's
+    ``put()`` is not lost to a feeder thread that exists only in the kernel."""
+    multiprocessing_util = sys.modules.get("multiprocessing.util")
+    if multiprocessing_util is not None:
+        multiprocessing_util._finalizer_registry.clear()
+        multiprocessing_util._run_after_forkers()
+
+
+def main_spawned() -> None:
+    """Entry point of a spawned child (``python -c 'from notebook_launcher.rank.worker import main_spawned; ...'``)."""
+    spec = WorkerSpec.from_json(os.environ.pop(SPEC_ENV_VAR))
+    exit_code = 70
+    try:
+        exit_code = _run(spec, lambda: _load_payload(spec.payload_path))
+    finally:
+        os._exit(exit_code)
+
+
+def _load_payload(path: str):
+    """The spawn payload: the kernel's sys.path first (so by-reference pickles import), then (function, args)."""
+    with open(path, "rb") as payload:
+        kernel_sys_path = pickle.load(payload)
+        for entry in kernel_sys_path:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        return pickle.load(payload)
+
+
+def _run(spec: WorkerSpec, load_function) -> int:
+    die_with_parent(spec.parent_pid)
+    become_subreaper()  # what the user's code starts, even by a double fork, stays below this rank
+    _default_signal_handlers()
+    atexit._clear()  # the kernel's exit handlers are not the worker's; the user's own run at the end
+    if spec.device == "xla":  # this process is torch_xla's host of every rank: each ordinal writes its own
+        from .xla_host import OrdinalWriters, run_host
+
+        events = OrdinalWriters(spec)
+    else:
+        events = EventWriter(spec.events_fd, spec.rank)
+    kernel_streams = _capture_streams(spec, events)
+    install_event_logging(events, kernel_streams)
+    _retarget_logging_handlers(kernel_streams)
+    if spec.device == "xla":
+        exit_code = run_host(spec, events, load_function)
+    else:
+        exit_code = _run_rank(spec, events, load_function)
+    _run_exit_handlers()
+    end_own_descendants()  # nothing the rank started outlives it
+    return exit_code
+
+
+def _run_rank(spec: WorkerSpec, events: EventWriter, load_function) -> int:
+    """One rank in this process: the process group, the hooks, the function, its result or exception."""
+    events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
+    os.environ.update(spec.env)
+
+    def set_up_and_call():
+        function, args = load_function()
+        prepare_accelerate(cpu_launch=spec.device == "cpu")
+        _limit_cpu_threads(spec)
+        progress = _install_collective_hooks(spec, events) if _init_process_group(spec) else None
+        _prepare_memory_handling(spec, events)
+        _connect_progress_reports(events)
+        balance_meter.connect(events.emit, progress)
+        events.emit(STATUS, {"state": "running"})
+        try:
+            return function(*args)
+        finally:
+            balance_meter.finish()
+
+    exit_code = call_and_report(events, set_up_and_call, spec.rank, spec.results,
+                                explain=lambda exc: _memory_limit_note(spec, exc))
+    if exit_code == 0:
+        _leave_process_group(spec.world_size)
+    return exit_code
+
+
+def _memory_limit_note(spec: WorkerSpec, exc: BaseException) -> str | None:
+    """An out-of-memory error in a worker with ``memory_limit`` says that the limit is what was reached."""
+    from .memory import should_reduce_batch_size
+
+    if not spec.memory_limit or not should_reduce_batch_size(exc):
+        return None
+    return (f"{exc} [this worker reached its memory_limit of {spec.memory_limit / 2**30:.2f} GiB: raise "
+            f"memory_limit, or use a smaller batch (find_executable_batch_size does that for you)]")
+
+
+def _no_input(prompt=""):
+    raise EOFError("input() is not available in a launched worker: read values in the notebook and pass them "
+                   "through args=(...)")
+
+
+def _default_signal_handlers() -> None:
+    """A forked worker inherits the kernel's Python signal handlers (torch elastic and Accelerate leave theirs
+    installed): the launcher's SIGTERM must end the worker at once, not become an exception in user code."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _capture_streams(spec: WorkerSpec, events: EventWriter) -> tuple:
+    """Point fd 1/2 and sys.stdout/sys.stderr at the rank's pipes; returns the kernel's stream objects."""
+    previous = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a worker asking for input() must not block on the kernel's stdin
+    os.close(devnull)
+    for source, target in ((spec.stdout_fd, 1), (spec.stderr_fd, 2)):
+        if source != target:  # under spawn the pipes already are fd 1 and 2
+            os.dup2(source, target)
+            os.close(source)
+    sys.stdout = sys.__stdout__ = FdTextStream(1, "<stdout>", events)
+    sys.stderr = sys.__stderr__ = FdTextStream(2, "<stderr>", events)
+    sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the worker
+    builtins.input = _no_input  # ipykernel's input() would ask the notebook over its sockets and never return
+    builtins.print = one_write_print(builtins.print)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    return previous
+
+
+def _retarget_logging_handlers(previous_streams) -> None:
+    """Handlers the kernel set up on its own stdout/stderr would write through ipykernel's sockets from the
+    child (slow, and lost after the cell ends): point them at the worker's streams."""
+    previous_ids = {id(stream): index for index, stream in enumerate(previous_streams)}
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and id(stream) in previous_ids:
+                # assigned, not setStream(): that would flush the kernel's stream object from the child
+                handler.stream = sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr
+
+
+def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> ProgressRecord | None:
+    """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
+    checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked);
+    set_trigger() tells the kernel."""
+    from . import ops, triggers
+
+    progress = ProgressRecord(spec.progress_path) if spec.progress_path else None
+    ops.connect(events.emit, debug=spec.debug, progress=progress)
+    triggers.connect(events.emit)
+    if progress is not None:  # DDP's C++ collectives too (see ddp_watch; NOTEBOOK_LAUNCHER_DDP_WATCH=0: not)
+        from . import ddp_watch
+
+        ddp_watch.connect(progress)
+    return progress
+
+
+def _connect_progress_reports(events: EventWriter) -> None:
+    from . import progress
+
+    progress.connect(events.emit)
+
+
+def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:
+    """find_executable_batch_size reports each try; with peers, an out-of-memory error restarts the group.
+    ``memory_limit`` caps the worker's address space, so an allocation over it fails as a real CPU OOM."""
+    from . import memory
+
+    memory.connect(events.emit, distributed=spec.world_size > 1)
+    if spec.memory_limit:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = spec.memory_limit if hard == resource.RLIM_INFINITY else min(spec.memory_limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _limit_cpu_threads(spec: WorkerSpec) -> None:
+    if spec.cpu_threads > 0:
+        import torch
+
+        torch.set_num_threads(spec.cpu_threads)
+
+
+def _init_process_group(spec: WorkerSpec) -> bool:
+    """The default process group for the chosen backend (env:// from the variables the kernel set)."""
+    if spec.device == "xla":
+        return False
+    import torch
+    import torch.distributed as dist
+
+    kwargs = {}
+    if spec.device == "cuda":
+        torch.cuda.set_device(spec.local_rank)
+        kwargs["device_id"] = torch.device("cuda", spec.local_rank)
+    if spec.explicit_store:
+        store = dist.TCPStore(
+            spec.env["MASTER_ADDR"], int(spec.env["MASTER_PORT"]), spec.world_size, is_master=spec.rank == 0,
+            master_listen_fd=spec.store_listen_fd if spec.rank == 0 else None, wait_for_workers=False)
+        # the prefix env:// adds itself: ranks of other nodes (which join through env://) see the same keys
+        kwargs["store"] = dist.PrefixStore("default_pg", store)
+    else:
+        kwargs["init_method"] = "env://"
+    dist.init_process_group(backend=spec.backend, rank=spec.rank, world_size=spec.world_size, **kwargs)
+    return True
+
+
+def _leave_process_group(world_size: int) -> None:
+    """Wait until every rank has returned, then let the process exit (which tears the group down).
+
+    Agreed through the group's store rather than a collective barrier, so a rank that returns early waits
+    without any collective timeout or NCCL watchdog; and without destroy_process_group(), whose joining of
+    gloo's threads is the largest part of a short launch (about 20 ms per rank). No rank leaves while a peer
+    may still be talking to it.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # the function destroyed it itself
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.add(_RETURNED_KEY, 1)
+        while store.add(_RETURNED_KEY, 0) < world_size:
+            time.sleep(0.002)
+        store.add(_LEFT_KEY, 1)
+        if dist.get_rank() == 0:  # rank 0 serves the store: it goes last, when nobody will ask it anything
+            while store.add(_LEFT_KEY, 0) < world_size:
+                time.sleep(0.002)
+    except Exception:  # noqa: BLE001 - a peer failed (the kernel reports it) or rank 0's store is gone
+        pass
+
+
+def _run_exit_handlers() -> None:
+    """What a normal interpreter exit would do for the user's code (wandb, TensorBoard writers, file
+    handlers), since the worker leaves with os._exit to skip everything inherited from the kernel."""
+    try:
+        multiprocessing_util = sys.modules.get("multiprocessing.util")
+        if multiprocessing_util is not None:  # flushes the rank's Queues, as a multiprocessing child does
+            multiprocessing_util._run_finalizers()
+        atexit._run_exitfuncs()
+    except Exception:  # noqa: BLE001
+        pass
+    logging.shutdown()

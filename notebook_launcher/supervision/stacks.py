@@ -1,0 +1,116 @@
+"""The Python stacks a rank dumps (faulthandler, on the kernel's SIGUSR1), as a user should read them.
+
+Kernel side. A forked rank's stack holds, below the user's function, the frames it inherited from the kernel
+(the cell that called ``notebook_launcher``, IPython, the supervisor and starters) and, above it, this
+package's wrappers of the collectives. ``user_stack`` cuts every frame of notebook_launcher's own and
+everything below the user's function entry (``worker._run``), and says in one line how many it cut; the run
+log keeps the dump whole. ``cell_names`` writes a notebook cell's file (``/tmp/ipykernel_<pid>/<hash>.py``)
+the way IPython names it, ``cell In[5], line 19``, using the cell files this kernel's IPython compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import sysconfig
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_ENTRY = (os.path.join(PACKAGE_DIR, "worker.py"), "_run")  # where a rank calls the user's function
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<function>.*)$')
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+")
+_NOT_USER = tuple({os.path.join(sysconfig.get_paths()[name], "") for name in ("stdlib", "platstdlib")})
+_LIBRARIES = (f"{os.sep}torch{os.sep}", f"{os.sep}accelerate{os.sep}", f"{os.sep}lightning{os.sep}")
+
+
+def _threads(lines: list[str]) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """faulthandler's dump as (thread header, [(file, line, function), innermost first]) per thread."""
+    threads: list[tuple[str, list]] = []
+    for line in lines:
+        if _THREAD.match(line.strip()):
+            threads.append((line.strip(), []))
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            threads[-1][1].append((frame["file"], frame["line"], frame["function"]))
+    return threads
+
+
+def _is_own(filename: str) -> bool:
+    return filename.startswith(PACKAGE_DIR)
+
+
+def _users_frames(frames: list[tuple[str, str, str]]) -> tuple[list[tuple[str, str, str]], int]:
+    """The frames above the user's function entry that are not notebook_launcher's, and how many were cut."""
+    kept, cut = [], 0
+    for index, frame in enumerate(frames):
+        if (frame[0], frame[2]) == _ENTRY:
+            return kept, cut + len(frames) - index
+        if _is_own(frame[0]):
+            cut += 1
+        else:
+            kept.append(frame)
+    return kept, cut
+
+
+def user_stack(lines: list[str]) -> str:
+    """A rank's stack dump (lines of its stderr after the request) with only the user's frames, one line saying
+    how many frames of notebook_launcher's own were cut; "" when the lines hold no dump."""
+    shown, cut = [], 0
+    for header, frames in _threads(lines):
+        kept, cut_here = _users_frames(frames)
+        cut += cut_here
+        if kept or not cut_here:
+            shown.append(header)
+            shown += [f'  File "{file}", line {line} in {function}' for file, line, function in kept]
+    if cut:
+        shown.append(f"({cut} frames of notebook_launcher's own below these are not shown; the run log has them)")
+    return "\n".join(shown)
+
+
+def innermost_user_frame(lines: list[str]) -> str:
+    """``file:line in function`` of the innermost frame of the user's own code in the thread that runs the
+    user's function (not notebook_launcher, torch, Accelerate, Lightning or the standard library); "" if none."""
+    threads = _threads(lines)
+    main = [frames for _, frames in threads if any((f[0], f[2]) == _ENTRY for f in frames)]
+    for frames in main or [frames for _, frames in threads[:1]]:
+        for file, line, function in _users_frames(frames)[0]:
+            if not (file.startswith(_NOT_USER) or any(part in file for part in _LIBRARIES)
+                    or file.startswith("<frozen")):
+                return f"{file}:{line} in {function}"
+    return ""
+
+
+_CELL_REFERENCE = re.compile(r'File "(?P<quoted>[^"]+)", line (?P<line>\d+)|(?P<bare>[^\s"\'(]+\.py|'
+                             r'<accelerate cell In\[\d+\]>):(?P<at>\d+)')
+_MAGIC_CELL = re.compile(r"<accelerate cell In\[(\d+)\]>")  # a %%accelerate cell (magic.py names it so)
+
+
+def _cell_files() -> dict[str, int]:
+    """The cell files this kernel's IPython compiled (file name -> execution count); {} outside IPython."""
+    if "IPython" not in sys.modules:
+        return {}
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        return dict(getattr(getattr(shell, "compile", None), "_filename_map", None) or {})
+    except Exception:  # noqa: BLE001 - naming cells is a nicety; the paths stay as they are
+        return {}
+
+
+def cell_names(text: str) -> str:
+    """``File "/tmp/ipykernel_1/2.py", line 19`` and ``/tmp/ipykernel_1/2.py:19`` of a cell this kernel ran
+    (and a ``%%accelerate`` cell's ``<accelerate cell In[5]>``), written as IPython writes them:
+    ``cell In[5], line 19``. Outside IPython, or for other files, as they are."""
+    if not text or ("<accelerate cell" not in text and "IPython" not in sys.modules):
+        return text
+    cells = _cell_files()
+
+    def named(match: re.Match) -> str:
+        file, line = (match["quoted"], match["line"]) if match["quoted"] else (match["bare"], match["at"])
+        magic = _MAGIC_CELL.fullmatch(file)
+        number = magic[1] if magic else cells.get(file)
+        return match[0] if number is None else f"cell In[{number}], line {line}"
+
+    return _CELL_REFERENCE.sub(named, text)

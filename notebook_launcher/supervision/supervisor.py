@@ -1,0 +1,448 @@
+"""Processes: start one worker per rank, multiplex their pipes, watch their exits, tear down whole trees.
+
+The supervisor of one attempt is three parts, as in torch elastic's process context: a starter per start method
+(``starters``), a demultiplexer of each rank's pipes that turns bytes into events (``demux``), and the loop here,
+which returns what the attempt came to (``SupervisorOutcome``) once everything it started is gone.
+
+One loop in the launching thread does everything with a selector: each worker's event pipe, stdout pipe, stderr
+pipe and pidfd (readable when the worker exits). No helper thread, no signal handler of its own while it is not
+running: a kernel interrupt is deferred (``interrupts``) to this loop, which stops every worker before raising
+KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+from dataclasses import dataclass, field
+
+from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
+from ..schema.lines import expand_lines
+from ..schema.proctree import descendants, descendants_of_each, kill, kill_group, kill_if_same
+from .demux import RankDemux
+from .handles import WorkerProcess
+from .hangs import HangWatch, StallWatch
+from .interrupts import DeferredInterrupt
+from .starters import PIPE_SIZE, start_each_rank, start_xla_host, starter_for
+
+TERMINATE_GRACE_S = 1.0
+STACK_DUMP_WAIT_S = 0.5
+EOF_WAIT_AFTER_EXIT_S = 1.0
+CLOSE_WAIT_S = 5.0
+PEER_REPORT_GRACE_S = 1.0  # how long the others may take to raise an error that every rank raises
+DESCENDANT_SCAN_S = 1.0  # how often the processes below each rank are noted (to end them if the rank is killed)
+
+
+@dataclass(frozen=True)
+class SupervisorOutcome:
+    """What one attempt came to, returned once every worker is gone and every fd is closed.
+
+    What each rank said (its result, its failure) went to ``on_event`` as it was read; this is what only the
+    supervisor knows: why it stopped the run and, for a hang or the timeout, where every rank was.
+    """
+
+    stop_reason: str | None  # None: every rank ended on its own; "failure" | "hang" | "timeout"
+    ranks: list[int]  # the global ranks started, in order
+    exit_codes: dict[int, int | None]  # rank -> exit code, minus the signal that killed it; None if never reaped
+    snapshot: dict[int, dict] = field(default_factory=dict)  # hang/timeout: rank -> its progress record and state
+    stack_dump_seq: dict[int, int] = field(default_factory=dict)  # rank -> its last seq before its stacks were asked
+
+
+class Supervisor:
+    """Starts, watches and stops the workers of one launch attempt; ``run()`` once.
+
+    ``on_event`` receives every event (worker records, output lines, exits) in the order read, and
+    ``on_lines`` the plain lines that come together, as one list (see ``RankDemux``; by default each goes to
+    ``on_event``); ``on_tick`` is called after every wait of at most ``monitor_interval`` (for work that depends
+    on time passing).
+    """
+
+    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1,
+                 progress_dir: str = "", on_lines=None):
+        self.plan = plan
+        self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
+        # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
+        self._stall = StallWatch(None if plan.in_workers else plan.hang_warning, self._hangs, plan.timeout)
+        self._snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
+        self.store_listen_fd = store_listen_fd
+        self.on_event = on_event
+        self.on_lines = on_lines or self._each_line
+        self.on_tick = on_tick or (lambda: None)
+        self.spawn_payload_path = spawn_payload_path
+        self._workers: list[WorkerProcess] = []
+        self._stop_reason: str | None = None  # "failure" | "hang" | "timeout" | "interrupted"
+        self._stack_dump_seq: dict[int, int] = {}  # rank -> seq at which a stack dump was requested
+        self._starter = starter_for(plan)
+        self._demux: dict[int, RankDemux] = {}  # rank -> its pipes' events
+        self._selector = selectors.DefaultSelector()
+        self._kill_at: float | None = None
+        self._eof_deadline: float | None = None
+        self._finished_ranks: set[int] = set()
+        self._reported_failure: set[int] = set()  # ranks exiting on their own after reporting an exception
+        self._stop_at: float | None = None  # a failure every rank raises: stop when all reported, or then
+        self._below: dict[int, dict[int, int]] = {}  # rank -> its descendants when last looked (pid -> start time)
+        self._scanned_at = time.monotonic()  # a short launch never pays for a scan
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, (None, "wake"))
+        self._interrupt = DeferredInterrupt(self._wake_write)
+        self._muted = False  # a teardown after on_event failed: nothing more is passed on
+
+    # -- run -------------------------------------------------------------------------------------------------
+    def run(self, timeout: float | None, on_started=None) -> SupervisorOutcome:
+        """Start the workers, wait until every one has exited and its pipes are drained, and release everything.
+
+        Stops everyone on the first failure, at ``timeout`` seconds, or on Ctrl-C / a kernel interrupt, which
+        is raised as KeyboardInterrupt once all workers are gone (a second one kills them at once). While
+        this runs, SIGINT only sets a flag, so an interrupt can never land half-way through a fork, a read or
+        a reap; the previous handler is put back before the teardown. Whatever happens (an error in a start,
+        in ``on_event``), nothing started here survives it: every worker is reaped, every fd closed.
+        """
+        interrupt = self._interrupt
+        try:
+            with interrupt:
+                self._start()
+                if on_started is not None:
+                    on_started()
+                self._wait(timeout)
+        finally:
+            self._close()
+        if interrupt.count:
+            raise KeyboardInterrupt
+        return SupervisorOutcome(
+            stop_reason=self._stop_reason, ranks=[worker.rank for worker in self._workers],
+            exit_codes={worker.rank: worker.exit_code for worker in self._workers},
+            snapshot=dict(self._snapshot), stack_dump_seq=dict(self._stack_dump_seq))
+
+    def _start(self) -> None:
+        started = start_xla_host if self.plan.xla is not None else start_each_rank
+        for worker, pipes in started(self.plan, self._starter, self._spec_for, self.store_listen_fd):
+            self._watch(worker, pipes)
+
+    def _spec_for(self, worker: WorkerProcess, pipes: dict) -> WorkerSpec:
+        local_rank = worker.local_rank
+        return WorkerSpec(
+            rank=worker.rank, local_rank=local_rank, world_size=self.plan.world_size,
+            local_world_size=self.plan.num_processes, node_rank=self.plan.node_rank,
+            device=self.plan.device, backend=self.plan.backend, env=self.plan.env_for(local_rank),
+            events_fd=pipes["events"][1], stdout_fd=pipes["stdout"][1], stderr_fd=pipes["stderr"][1],
+            parent_pid=os.getpid(), cpu_threads=self.plan.cpu_threads, payload_path=self.spawn_payload_path,
+            store_listen_fd=self.store_listen_fd if worker.rank == 0 else -1,
+            explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug, results=self.plan.results,
+            memory_limit=self.plan.memory_limit,
+            progress_path=self._hangs.path_for(worker.rank),
+        )
+
+    def _watch(self, worker: WorkerProcess, pipes: dict) -> None:
+        """A started worker's pipes (their write ends closed here) and its exit, in the selector."""
+        for name, (read, write) in pipes.items():
+            os.close(write)
+            os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
+            worker.read_fds[name] = read
+            self._selector.register(read, selectors.EVENT_READ, (worker, name))
+        if worker.host is None and worker.open_pidfd() is not None:
+            self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, "exit"))
+        self._demux[worker.rank] = RankDemux(worker.rank)
+        self._workers.append(worker)
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._finished():
+            self._step(deadline)
+            if self._interrupt.count and self._stop_reason != "interrupted":
+                self._stop("interrupted", grace=0.5)
+                self._stop_reason = "interrupted"
+            if self._interrupt.count > 1:
+                self._signal_all(signal.SIGKILL)
+
+    def _finished(self) -> bool:
+        if any(worker.alive for worker in self._workers):
+            return False
+        if not any(key.data[1] != "wake" for key in self._selector.get_map().values()):
+            return True
+        now = time.monotonic()
+        if self._eof_deadline is None:
+            self._eof_deadline = now + EOF_WAIT_AFTER_EXIT_S
+        if now >= self._eof_deadline:  # a descendant that escaped the group still holds a pipe
+            self._drain_and_close_all()
+            return True
+        return False
+
+    def _step(self, deadline: float | None) -> None:
+        wait_s = self.plan.monitor_interval
+        now = time.monotonic()
+        if deadline is not None and self._stop_reason is None:
+            wait_s = min(wait_s, max(0.0, deadline - now))
+        for moment in (self._kill_at, self._stop_at):
+            if moment is not None:
+                wait_s = min(wait_s, max(0.0, moment - now))
+        self._handle_ready(wait_s)
+        self._reap_all_without_pidfd()
+        self.on_tick()
+        self._check_progress()
+        self._watch_stall()
+        now = time.monotonic()
+        if now - self._scanned_at >= DESCENDANT_SCAN_S:
+            self._note_descendants(now)
+        if self._stop_at is not None and self._stop_reason is None and now >= self._stop_at:
+            self._stop("failure")
+        if deadline is not None and now >= deadline and self._stop_reason is None:
+            self._stop_with_diagnosis("timeout")
+        if self._kill_at is not None and now >= self._kill_at:
+            self._signal_all(signal.SIGKILL)
+            self._kill_at = None
+
+    def _note_descendants(self, now: float) -> None:
+        """What lies below each live rank, so that what a rank started is ended with it even when the rank dies
+        without ending it itself (killed from outside, a crash): its orphans then belong to init."""
+        self._scanned_at = now
+        live = {worker.pid: worker.rank for worker in self._workers if worker.alive}
+        for pid, below in descendants_of_each(list(live)).items():
+            self._below[live[pid]] = below
+
+    def _check_progress(self) -> None:
+        """A hang (a rank waits in a collective that a finished rank will never join) is diagnosed and stopped
+        at once, not at the timeout."""
+        if self._stop_reason is not None:
+            return
+        done = {w.rank for w in self._workers if not w.alive} | self._finished_ranks
+        if self._hangs.is_hang(done, time.monotonic()):
+            self._stop_with_diagnosis("hang")
+
+    def _watch_stall(self) -> None:
+        """No progress for ``hang_warning`` s while a rank waits in a collective: a ``hang_notice`` with every
+        rank's place and stacks (the run goes on), and another when progress resumes (``hangs.StallWatch``)."""
+        if self._stop_reason is None and self._workers:
+            data = self._stall.check(self._states(), time.monotonic(), self._dump_stacks)
+            if data is not None:
+                self._deliver(Event(rank=-1, seq=0, time=time.monotonic(), kind=HANG_NOTICE, data=data))
+
+    def _states(self) -> dict[int, str]:
+        return {w.rank: "finished" if w.rank in self._finished_ranks else "exited" if not w.alive else "running"
+                for w in self._workers}
+
+    def _dump_stacks(self) -> None:
+        self._request_stack_dumps()
+        self._collect_for(STACK_DUMP_WAIT_S)
+
+    def _stop_with_diagnosis(self, reason: str) -> None:
+        """Record where every rank is (collective, call site, state), collect its Python stacks, then stop."""
+        self._stop_reason = reason  # first: a rank killed by the dump signal is not "the failure"
+        self._snapshot = self._hangs.snapshot(self._states(), time.monotonic())
+        self._dump_stacks()
+        self._stop(reason)
+
+    def _collect_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and any(worker.alive for worker in self._workers):
+            self._handle_ready(max(0.0, end - time.monotonic()))
+
+    # -- pipes -----------------------------------------------------------------------------------------------
+    def _handle_ready(self, wait_s: float) -> None:
+        """One select: read every pipe that has data, reap every worker whose pidfd says it exited."""
+        for key, _ in self._selector.select(wait_s):
+            worker, channel = key.data
+            if channel == "wake":  # a SIGINT arrived: the loop checks the flag right after
+                while _read_nonblocking(key.fd):
+                    pass
+            elif channel == "exit":
+                self._reap(worker)
+            elif worker.read_fds.get(channel) == key.fd:  # not already drained and closed by a reap above
+                self._read(worker, channel, key.fd)
+
+    def _read(self, worker: WorkerProcess, channel: str, fd: int) -> bool:
+        """Read what one pipe has; False when it had nothing (or reached EOF and was closed)."""
+        try:
+            chunk = os.read(fd, self._demux[worker.rank].read_size(channel, PIPE_SIZE))
+        except BlockingIOError:
+            return False
+        self._deliver_all(self._demux[worker.rank].feed(channel, chunk))
+        if not chunk:
+            self._forget_pipe(worker, channel, fd)
+        return bool(chunk)
+
+    def _forget_pipe(self, worker: WorkerProcess, channel: str, fd: int) -> None:
+        self._selector.unregister(fd)
+        os.close(fd)
+        del worker.read_fds[channel]
+
+    def _drain(self, worker: WorkerProcess) -> None:
+        """Everything a dead worker wrote is already in its pipes: read it all before reporting its exit."""
+        for channel, fd in list(worker.read_fds.items()):
+            while worker.read_fds.get(channel) == fd and self._read(worker, channel, fd):
+                pass
+
+    def _drain_and_close_all(self) -> None:
+        for worker in self._workers:
+            self._drain(worker)
+            for channel, fd in list(worker.read_fds.items()):  # held open by an escaped descendant
+                self._deliver_all(self._demux[worker.rank].abandon(channel))
+                self._forget_pipe(worker, channel, fd)
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fd)
+
+    # -- events ----------------------------------------------------------------------------------------------
+    def _deliver_all(self, events) -> None:
+        for event in events:  # one at a time: each may stop the run before the next is made
+            if type(event) is list:
+                self._deliver_lines(event)
+            else:
+                self._deliver(event)
+
+    def _each_line(self, lines: list) -> None:
+        for line in expand_lines(lines):
+            self.on_event(line)
+
+    def _deliver_lines(self, lines: list) -> None:
+        """Plain lines of one rank (``RankDemux``), passed on together: none of them can end the run."""
+        if self._muted:
+            return
+        self._stall.observe_lines(lines)
+        self.on_lines(lines)
+        if self._stop_at is not None and self._stop_reason is None and self._everyone_reported():
+            self._stop("failure")
+
+    def _deliver(self, event: Event) -> None:
+        if self._muted:
+            return
+        self._stall.observe(event)
+        self.on_event(event)
+        if self._stop_reason is None and self._is_fatal(event):
+            if event.data.get("all_ranks_raise") and not self._everyone_reported():
+                deadline = time.monotonic() + PEER_REPORT_GRACE_S  # the others are raising the same error
+                self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
+            else:
+                self._stop("failure")
+        elif self._stop_at is not None and self._stop_reason is None and self._everyone_reported():
+            self._stop("failure")
+
+    def _everyone_reported(self) -> bool:
+        return all(w.rank in self._reported_failure or not w.alive for w in self._workers)
+
+    def _is_fatal(self, event: Event) -> bool:
+        """A rank that raised, or that exited without finishing its function (any exit code), ends the run."""
+        if event.kind == STATUS and event.data.get("state") == "finished":
+            self._finished_ranks.add(event.rank)
+        if event.kind == FAILURE:
+            self._reported_failure.add(event.rank)
+            return True
+        if event.kind == EXIT:
+            if event.rank in self._reported_failure:
+                return False  # its failure already counted; the others may still be raising the same error
+            return event.data.get("exit_code") != 0 or event.rank not in self._finished_ranks
+        return False
+
+    # -- exits -------------------------------------------------------------------------------------------------
+    def _reap(self, worker: WorkerProcess) -> None:
+        """If it has exited: end what it left behind, read all it wrote, then pass on its exit."""
+        if not worker.alive or not worker.try_reap():
+            return
+        if worker.pidfd is not None:
+            self._selector.unregister(worker.pidfd)
+            os.close(worker.pidfd)
+            worker.pidfd = None
+        try:  # whatever it left behind in its group (DataLoader workers) goes with it; never by its old pid
+            os.killpg(worker.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_if_same(self._below.pop(worker.rank, {}))  # and what it started outside its group
+        self._drain(worker)
+        demux = self._demux[worker.rank]
+        self._deliver_all(demux.finish_python_lines())
+        self._deliver(demux.event(EXIT, worker.exit_data()))
+
+    def _reap_all_without_pidfd(self) -> None:
+        for worker in self._workers:
+            if worker.alive and worker.pidfd is None:
+                self._reap(worker)
+
+    def _reap_all(self) -> None:
+        for worker in self._workers:
+            self._reap(worker)
+
+    # -- stop --------------------------------------------------------------------------------------------------
+    def _request_stack_dumps(self) -> None:
+        """Ask every live worker for all its threads' Python stacks (faulthandler on SIGUSR1 → its stderr)."""
+        asked = set()
+        for worker in self._workers:
+            if worker.alive:
+                self._stack_dump_seq[worker.rank] = self._demux[worker.rank].seq
+                self._demux[worker.rank].expect_stack_dump()
+                if worker.pid in asked:
+                    continue
+                asked.add(worker.pid)
+                try:
+                    if self.plan.xla is not None:  # every process torch_xla started for the ordinals dumps too
+                        os.killpg(worker.pid, signal.SIGUSR1)
+                    else:
+                        os.kill(worker.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+
+    def _stop(self, reason: str, grace: float = TERMINATE_GRACE_S) -> None:
+        """SIGTERM every live worker's process group now, SIGKILL after ``grace`` seconds."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._reap_all()  # one that already died on its own keeps its own cause of death
+        signaled = {w.pid for w in self._workers if w.alive and w.rank not in self._reported_failure}
+        for worker in self._workers:
+            if worker.alive and worker.pid in signaled:  # (XLA ordinals share a process: stopped with it)
+                worker.stopped_by_launcher = True
+        self._signal_all(signal.SIGTERM, spare=self._reported_failure)  # SIGKILL after the grace takes all
+        kill_at = time.monotonic() + grace
+        self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
+
+    def _signal_all(self, signum: int, spare=()) -> None:
+        for worker in self._workers:
+            if worker.alive and worker.rank not in spare and signum == signal.SIGKILL:
+                worker.sigkill_sent = True
+        alive = [worker.pid for worker in self._workers if worker.alive and worker.rank not in spare]
+        for pid in descendants(alive):
+            kill(pid, signum)
+        for pid in alive:
+            kill_group(pid, signum)
+
+    def _close(self) -> None:
+        """The end of every run, however it ended: nothing of ours survives, every fd is closed, every child
+        reaped. What is still in the pipes is passed on; if passing it on fails (the error that ended the run,
+        again), the rest is ended without it."""
+        try:
+            try:
+                self._end_all()
+            except BaseException:
+                self._muted = True
+                self._end_all()
+                raise
+        finally:
+            self._release()
+
+    def _end_all(self) -> None:
+        if any(worker.alive for worker in self._workers):
+            self._signal_all(signal.SIGKILL)
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while any(worker.alive for worker in self._workers) and time.monotonic() < deadline:
+                self._reap_all()
+                time.sleep(0.01)
+        self._drain_and_close_all()
+
+    def _release(self) -> None:
+        for worker in self._workers:
+            for fd in [*worker.read_fds.values()] + ([worker.pidfd] if worker.pidfd is not None else []):
+                os.close(fd)
+            worker.read_fds.clear()
+            worker.pidfd = None
+        self._selector.close()
+        self._hangs.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+
+def _read_nonblocking(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b""
+
