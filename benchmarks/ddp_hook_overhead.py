@@ -60,7 +60,7 @@ def _steps(rounds: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import balance_meter, ddp_watch
+    from notebook_launcher.rank import balance_meter, ddp_watch
 
     model = DistributedDataParallel(_model())
     watch, meter = model.__dict__[ddp_watch._ATTRIBUTE], balance_meter._meter
@@ -98,7 +98,7 @@ def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
     import tempfile
     import timeit
 
-    from notebook_launcher import balance_meter, ddp_watch
+    from notebook_launcher.rank import balance_meter, ddp_watch
     from notebook_launcher.schema.progress_record import ProgressRecord
 
     class Model:  # what the watch reads of a DDP model

@@ -70,8 +70,8 @@ from common import (
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import RankFailedError, notebook_launcher
-from notebook_launcher import cluster as cluster_module
-from notebook_launcher import remote as remote_module
+from notebook_launcher.cluster import agents as cluster_module
+from notebook_launcher.cluster import remote as remote_module
 
 RESULTS_PATH = os.path.join(HERE, "results", "hosts_launch.json")
 HOSTS = ["127.0.0.1", "127.0.0.2"]

@@ -182,7 +182,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from notebook_launcher import balance_meter, notebook_launcher
+from notebook_launcher.rank import balance_meter
+from notebook_launcher import notebook_launcher
 from notebook_launcher.display import state
 
 balance_meter.INTERVAL_S = state.BALANCE_EVERY_S = 1.0  # figures every second (10 s and 5 s by default)

@@ -30,7 +30,7 @@ def _train(steps=4, hook=None):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher.rank import ddp_watch
 
     model = DistributedDataParallel(_model(), bucket_cap_mb=0.0001)  # several buckets
     calls = []
@@ -130,7 +130,7 @@ def _records_while_training():
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher.rank import ddp_watch
 
     record = ddp_watch._progress
     seen = {"constructed": None, "in_backward": [], "after_forward": [], "after_backward": []}
@@ -210,7 +210,7 @@ def _uneven_inputs_under_join():
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher.rank import ddp_watch
 
     operations = []
 
@@ -237,7 +237,7 @@ def test_a_rank_that_joined_early_is_in_ddp_join_while_it_shadows_the_others():
 def _no_sync_then_sync():
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher.rank import ddp_watch
 
     model = DistributedDataParallel(torch.nn.Linear(4, 4))
     steps = []
@@ -293,7 +293,7 @@ def _steps_of_odd_training_loops():
     its backward (as physics-informed nets and WGAN-GP do): each backward() is one step, the grad() is not."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher.rank import ddp_watch
 
     nested = DistributedDataParallel(_NestedOutput())
     for _ in range(3):
@@ -319,7 +319,7 @@ def test_a_nested_output_and_a_gradient_penalty_leave_the_steps_right():
 def _fsdp_step():
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from notebook_launcher import ddp_watch
+    from notebook_launcher.rank import ddp_watch
 
     model = FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
     model(torch.ones(2, 4)).sum().backward()

@@ -249,7 +249,7 @@ def only_our_handler():
 def handlers_and_filters(path):
     import sys
 
-    from notebook_launcher import logging as nl_logging
+    from notebook_launcher.rank import logging as nl_logging
 
     only_our_handler()
     logger = get_logger("configured", log_level="INFO")
