@@ -27,6 +27,8 @@ system-deps:
 	bash scripts/install_system_deps.sh
 
 test: $(VENV)/.ready system-deps
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # device="xla" on the real torch_xla, on PJRT's CPU device with 2 devices (tests/xla). A venv of its own: torch and
@@ -41,7 +43,7 @@ $(XLA_VENV)/.ready:
 
 test-xla: $(XLA_VENV)/.ready
 	NOTEBOOK_LAUNCHER_TEST_XLA=1 PJRT_DEVICE=CPU CPU_NUM_DEVICES=2 PYTHONPATH=$(CURDIR) \
-		$(XLA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/xla
+		$(XLA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/xla tests/test_torch_internals.py
 
 # JupyterLab on notebooks/ (127.0.0.1:$(LAB_PORT)), to see the live panel: open the URL it prints, run a notebook.
 lab: $(VENV)/.ready

@@ -14,6 +14,7 @@ from typing import Any
 from ..cluster.ports import reserve_port
 from ..cluster.rendezvous import NodeRendezvous, NodeRendezvousTimeout
 from ..errors import LaunchTimeoutError, RankFailedError
+from ..rank.torch_names import missing as missing_private_names
 from ..runs import Run
 from ..schema.results import prepare as prepare_results
 from ..supervision.failure import failure_message, hang_message
@@ -45,6 +46,8 @@ class LocalLauncher:
             plan, reservation = self._place(plan, run, display, meeting_point)
             if run.attempts == 0:
                 display.note(plan.describe())
+                for lost in missing_private_names():  # a hook of ours this torch cannot take: say so, once
+                    display.note(f"warning: this torch lacks {lost}")
             attempts.begin(plan.global_rank(local) for local in range(plan.num_processes))
             supervisor = Supervisor(plan, attempts.on_event, payload_path, on_tick=attempts.tick,
                                     store_listen_fd=reservation.fileno() if reservation else -1,
