@@ -38,7 +38,7 @@ def notebook_launcher(
     device: Literal["auto", "cpu", "cuda", "xla"] = "auto",
     backend: str = "auto",
     timeout: float | None = None,
-    hang_warning: float | None = 30,
+    hang_warning: float | None = 30.0,
     debug: bool | None = None,
     config_file: str | None = None,
     memory_limit: int | str | None = None,

@@ -397,3 +397,24 @@ def test_quickstart_is_committed_with_cleared_outputs():
     for cell in notebook.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+
+
+@pytest.mark.slow
+def test_a_failed_launch_shows_the_users_frames_and_none_of_the_launchers(tmp_path):
+    from nbclient import NotebookClient
+
+    cell = ("from notebook_launcher import notebook_launcher\n"
+            "def broken():\n"
+            "    raise ValueError('a bad batch')\n"
+            "notebook_launcher(broken, num_processes=2, display='text')\n")
+    notebook = new_notebook(cells=[new_code_cell(cell)],
+                            metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3",
+                                                     "language": "python"}})
+    NotebookClient(notebook, timeout=120, kernel_name=KERNEL_NAME, allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    (error,) = [o for o in notebook.cells[0].outputs if o.output_type == "error"]
+    assert error.ename == "RankFailedError" and "a bad batch" in error.evalue
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
+    assert "notebook_launcher(broken" in shown  # the user's line
+    for ours in ("launcher.py", "driver.py", "local.py"):
+        assert f"notebook_launcher/{ours}" not in shown and f"launchers/{ours}" not in shown, shown

@@ -32,6 +32,7 @@ class HostsLauncher:
         self.payload = payload  # (function, args), pickled for the agents
 
     def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
+        __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         hosts = self.settings.hosts
         display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
                      f"per host, on {plan.device} ({plan.backend})")

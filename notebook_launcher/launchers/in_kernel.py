@@ -13,6 +13,7 @@ class InKernelLauncher:
     they were afterwards. ``timeout`` does not apply here."""
 
     def launch(self, plan, run: Run, display, attempts=None) -> Any:
+        __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         import torch.distributed as dist
 
         display.note(f"1 process: running {_name(plan.function)} in this kernel on {plan.device}")

@@ -30,6 +30,7 @@ class LocalLauncher:
         self.payload = payload  # (function, args) pickled, for spawned workers; b"" under fork
 
     def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
+        __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         if plan.start_method == "fork":  # imported once here, not in every forked worker
             import torch.distributed  # noqa: F401 (~1 s each)
 
