@@ -22,9 +22,9 @@ from timeit import repeat
 
 from common import HERE, write_json
 
-from notebook_launcher.rank import logging as nl_logging
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
+from notebook_launcher.rank import logging as nl_logging
 from notebook_launcher.schema.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventWriter, encode_frame
 from notebook_launcher.schema.lines import EventList, expand_lines
 from notebook_launcher.schema.runlog import RunLog

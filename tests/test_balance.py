@@ -13,10 +13,9 @@ import psutil
 import pytest
 import torch
 
-from notebook_launcher.rank import balance_meter
-
 from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.balance import BalanceBook
+from notebook_launcher.rank import balance_meter
 from notebook_launcher.schema.events import BALANCE
 
 
