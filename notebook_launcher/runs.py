@@ -15,6 +15,7 @@ from .balance import Balance, BalanceBook
 from .errors import RunNotFoundError
 from .schema.lines import EventList
 from .schema.runlog import RUN_ID, runs_root
+from .schema.status import RunStatus
 from .supervision.failure import RankFailure
 
 KEEP_IN_MEMORY = 20
@@ -36,7 +37,7 @@ class Run:
     start_method: str
     num_processes: int
     world_size: int
-    status: str = "starting"  # starting | running | finished | failed | timed out | hung | interrupted
+    status: RunStatus = RunStatus.STARTING  # then running, and how it ended (schema.status.RunStatus)
     results: dict = dataclasses.field(default_factory=dict)
     results_left_out: dict = dataclasses.field(default_factory=dict)  # rank -> why its result did not travel
     results_unavailable: dict = dataclasses.field(default_factory=dict)  # rank -> (type, why it could not be rebuilt)

@@ -117,7 +117,7 @@ def _blocked_in_backward_while_the_other_is_busy():
 def test_at_the_timeout_a_rank_in_ddps_backward_is_shown_waiting_there():
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(_blocked_in_backward_while_the_other_is_busy, num_processes=2, device="cpu",
-                          timeout=6)
+                          timeout=20)  # well past DDP's construction (about 2 s, 10 s on a loaded machine)
     message = str(caught.value)
     assert "rank 1 is not in any collective: busy or stuck in its own code" in message
     assert "rank 0: waiting" in message and "in DDP gradient all_reduce #3 at" in message
@@ -269,7 +269,8 @@ def _leaves_the_loop_early_then_waits_at_a_barrier():
 
 def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart():
     with pytest.raises(LaunchTimeoutError) as caught:
-        notebook_launcher(_leaves_the_loop_early_then_waits_at_a_barrier, num_processes=2, device="cpu", timeout=6)
+        notebook_launcher(_leaves_the_loop_early_then_waits_at_a_barrier, num_processes=2, device="cpu",
+                          timeout=20)  # well past DDP's construction and 3 steps, on a loaded machine too
     message = str(caught.value)
     function = _leaves_the_loop_early_then_waits_at_a_barrier
     backward = f"{__file__}:{function.__code__.co_firstlineno + 8} in {function.__name__}"

@@ -11,6 +11,7 @@ from collections import deque
 
 from ..schema.events import LOG
 from ..schema.lines import StreamLines
+from ..schema.status import RankStatus
 
 LINES_PER_RANK = 200
 HISTORY_POINTS = 200
@@ -23,7 +24,7 @@ class RankState:
     def __init__(self, rank: int, lines_per_rank: int):
         self.rank = rank
         self.host: str | None = None
-        self.status = "starting"
+        self.status = RankStatus.STARTING
         self.pid: int | None = None
         self.exit_code: int | None = None
         self._lines: deque = deque(maxlen=lines_per_rank)

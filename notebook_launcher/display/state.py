@@ -37,6 +37,7 @@ from ..schema.events import (
     Event,
 )
 from ..schema.lines import LogRecords, StreamLines
+from ..schema.status import RankStatus, RunStatus
 from .describe import describe
 from .rank_state import LINES_PER_RANK, MAX_TEXT, RankState
 
@@ -50,8 +51,9 @@ MAX_HANG_RANKS = 256  # ranks a notice lists, each in one line of at most MAX_HA
 MAX_HANG_LINE = 400
 BALANCE_EVERY_S = 5.0
 # a hang notice's rank state -> the status badge it shows while the notice is live
-HANG_BADGES = {"waiting": "waiting", "busy": "busy", "in_ddp": "in DDP"}
-_ALIVE = ("starting", "running", *HANG_BADGES.values())  # statuses a notice may replace with its badge
+HANG_BADGES = {"waiting": RankStatus.WAITING, "busy": RankStatus.BUSY, "in_ddp": RankStatus.IN_DDP}
+# statuses a notice may replace with its badge
+_ALIVE = (RankStatus.STARTING, RankStatus.RUNNING, *HANG_BADGES.values())
 
 # tqdm's bar as it prints it: "train:  45%|####5     | 45/100 [00:01<00:01, 40.20it/s]"
 _TQDM = re.compile(r"(?:(?P<desc>[^|:]{0,80}): *)?\d{1,3}%\|[^|]{0,200}\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
@@ -65,7 +67,7 @@ class RunState:
                  num_processes: int, world_size: int, ranks, lines_per_rank: int = LINES_PER_RANK):
         self.header = {"run_id": run_id, "run_dir": run_dir, "device": device, "backend": backend,
                        "start_method": start_method, "num_processes": num_processes, "world_size": world_size}
-        self.status = "starting"
+        self.status = RunStatus.STARTING
         self.started_at = time.time()
         self._started = time.monotonic()
         self._ended: float | None = None
@@ -157,15 +159,15 @@ class RunState:
         rank = self._rank(event)
         state = event.data.get("state")
         if state == "starting":
-            rank.status, rank.pid, rank.exit_code = "starting", event.data.get("pid"), None
+            rank.status, rank.pid, rank.exit_code = RankStatus.STARTING, event.data.get("pid"), None
             if event.data.get("host"):
                 rank.host = event.data["host"]
         elif state in ("running", "finished", "failed"):
             rank.status = state
             if "exit_code" in event.data:
                 rank.exit_code = event.data["exit_code"]
-        if self.status == "starting" and state == "running":
-            self.status = "running"
+        if self.status == RunStatus.STARTING and state == "running":
+            self.status = RunStatus.RUNNING
 
     def _on_stream(self, event: Event) -> None:
         text = str(event.data.get("text", ""))
@@ -217,18 +219,18 @@ class RunState:
 
     def _on_failure(self, event: Event) -> None:
         rank = self._rank(event)
-        rank.status = "failed"
+        rank.status = RankStatus.FAILED
         for line in describe(FAILURE, event.data).said:
             self._add_line(event, "stderr", line)
 
     def _on_exit(self, event: Event) -> None:
         rank = self._rank(event)
         rank.exit_code = event.data.get("exit_code")
-        if rank.status not in ("finished", "failed"):
+        if rank.status not in (RankStatus.FINISHED, RankStatus.FAILED):
             if event.data.get("stopped_by_launcher"):
-                rank.status = "stopped"  # ended by the launcher because of another rank, not its own fault
+                rank.status = RankStatus.STOPPED  # ended by the launcher because of another rank, not its own fault
             else:
-                rank.status = "finished" if rank.exit_code == 0 else "failed"
+                rank.status = RankStatus.FINISHED if rank.exit_code == 0 else RankStatus.FAILED
         for line in describe(EXIT, event.data).said:  # killed by a signal, and not by the launcher
             self._add_line(event, "stderr", line)
 
@@ -270,7 +272,7 @@ class RunState:
             self.note(str(event.data.get("text", "")))
         self._end_hang()
         for rank in self.ranks.values():
-            rank.status, rank.exit_code, rank._last_step = "starting", None, None
+            rank.status, rank.exit_code, rank._last_step = RankStatus.STARTING, None, None
         self._balance_book.clear()
         self.balance = None
 
@@ -332,7 +334,7 @@ class RunState:
         for number in self._hang_marked:
             rank = self.ranks.get(number)
             if rank is not None and rank.status in HANG_BADGES.values():
-                rank.status = "running"
+                rank.status = RankStatus.RUNNING
         self._hang_marked.clear()
 
     @staticmethod
@@ -353,10 +355,11 @@ class RunState:
         self._end_hang()
         for rank in stuck_ranks:
             if rank in self.ranks:
-                self.ranks[rank].status = "stuck"
+                self.ranks[rank].status = RankStatus.STUCK
         for rank in self.ranks.values():
-            if rank.status in ("starting", "running") and status != "finished":
-                rank.status = "stuck" if status in ("hung", "timed out") else "stopped"
+            if rank.status in (RankStatus.STARTING, RankStatus.RUNNING) and status != RunStatus.FINISHED:
+                stopped_by_a_hang = status in (RunStatus.HUNG, RunStatus.TIMED_OUT)
+                rank.status = RankStatus.STUCK if stopped_by_a_hang else RankStatus.STOPPED
         self.changes += 1
 
     def elapsed(self) -> float:

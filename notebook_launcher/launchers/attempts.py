@@ -18,6 +18,7 @@ from ..schema.events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, 
 from ..schema.lines import count_lines, expand_lines
 from ..schema.results import unpack_result
 from ..schema.runlog import RunLog
+from ..schema.status import RunStatus
 from ..supervision.failure import FailureTracker, root_cause
 from ..supervision.ordering import InOrderRelease
 
@@ -47,7 +48,7 @@ class Attempts:
         self.in_order = InOrderRelease(list(ranks), self.display.show,
                                        show_lines=getattr(self.display, "show_lines", None))
         self.run.balance_book.clear()
-        self.run.status = "running"
+        self.run.status = RunStatus.RUNNING
 
     def tick(self) -> None:
         """Called by the supervising loop after each wait: in-order lines whose time has come, the display."""
@@ -139,10 +140,10 @@ class Attempts:
         run = self.run
         run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
         if run.results_unavailable:
-            run.status = "failed"
+            run.status = RunStatus.FAILED
             rank, (type_name, reason) = min(run.results_unavailable.items())
             raise ResultUnavailableError(rank, type_name, reason, run)
-        run.status = "finished"
+        run.status = RunStatus.FINISHED
         if run.oom_retries:
             self.display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
         if not self.single_attempt:  # (an agent's ranks are only part of the run: the launching kernel says it)

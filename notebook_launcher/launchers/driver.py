@@ -18,6 +18,7 @@ from ..display.panel import PanelDisplay, wants_panel
 from ..display.state import RunState
 from ..runs import Run, remember
 from ..schema.runlog import RunLog
+from ..schema.status import RunStatus
 from .attempts import Attempts
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
@@ -50,13 +51,13 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
     try:
         return launcher.launch(plan, run, shown, Attempts(run, log, shown, single_attempt))
     except KeyboardInterrupt:
-        run.status = "interrupted"
+        run.status = RunStatus.INTERRUPTED
         shown.note("interrupted" if plan.runs_in_kernel else
                    f"interrupted: stopped all {plan.num_processes} worker(s)")
         raise
     except BaseException as error:
-        if run.status in ("starting", "running"):
-            run.status = "failed"
+        if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
+            run.status = RunStatus.FAILED
         if panel is not None:
             run.panel_state = panel.finish(run.status, failure=_failure_for_panel(run, error),
                                            stuck_ranks=run.stuck_ranks)
@@ -66,9 +67,9 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
         if panel is not None:  # finished, or interrupted
             interrupted = {"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt", "traceback": "",
                            "message": "interrupted: every worker was stopped", "stacks": {}}
-            finished = run.status == "finished"
+            finished = run.status == RunStatus.FINISHED
             run.panel_state = panel.finish(run.status, result_type=type(run.result(0)).__name__ if finished else None,
-                                           failure=interrupted if run.status == "interrupted" else None)
+                                           failure=interrupted if run.status == RunStatus.INTERRUPTED else None)
         run.duration = time.monotonic() - started
         _close(run, log, shown)
 

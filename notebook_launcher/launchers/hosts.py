@@ -9,6 +9,7 @@ from typing import Any
 from ..cluster.agents import STOP_GRACE_S, Cluster
 from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
 from ..runs import Run
+from ..schema.status import RunStatus
 from ..supervision.failure import failure_message
 from .attempts import Attempts
 
@@ -56,16 +57,16 @@ class HostsLauncher:
                     continue
                 raise self._rank_failed(plan, run, attempts, failures, problem)
             if problem:
-                run.status = "failed"
+                run.status = RunStatus.FAILED
                 raise HostFailedError(problem, run)
             if cluster.stop_reason == "timeout":
-                run.status = "timed out"
+                run.status = RunStatus.TIMED_OUT
                 raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
                                          f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
             reported = cluster.node_error()
             if reported:
                 node, error = reported
-                run.status = "timed out" if error.get("type") == "LaunchTimeoutError" else "failed"
+                run.status = RunStatus.TIMED_OUT if error.get("type") == "LaunchTimeoutError" else RunStatus.FAILED
                 text = f"host {node.host} (node {node.node_rank}): {error.get('message')}"
                 if error.get("type") == "LaunchTimeoutError":
                     raise LaunchTimeoutError(text, run)
@@ -75,7 +76,7 @@ class HostsLauncher:
     def _rank_failed(self, plan, run: Run, attempts: Attempts, failures: dict, problem) -> RankFailedError:
         """The root cause first, then which host each rank ran on (and why a host could not run, if one could not)."""
         hosts, cause = self.settings.hosts, run.root_cause
-        run.status = "failed"
+        run.status = RunStatus.FAILED
         message = failure_message(cause, failures, attempts.tracker, list(range(plan.world_size)), run.run_dir)
         where = "; ".join(f"{host}: ranks {node * plan.num_processes}-{(node + 1) * plan.num_processes - 1}"
                           for node, host in enumerate(hosts))

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from ..runs import Run
+from ..schema.status import RunStatus
 
 
 class InKernelLauncher:
@@ -23,7 +24,7 @@ class InKernelLauncher:
             env["ACCELERATE_USE_CPU"] = "true"
         saved = {key: os.environ.get(key) for key in env}
         own_group = dist.is_available() and not dist.is_initialized() and plan.device in ("cpu", "cuda")
-        run.status = "running"
+        run.status = RunStatus.RUNNING
         os.environ.update(env)
         try:
             if own_group:
@@ -38,7 +39,7 @@ class InKernelLauncher:
                 else:
                     os.environ[key] = value
         run.results[0] = result
-        run.status = "finished"
+        run.status = RunStatus.FINISHED
         return result
 
 

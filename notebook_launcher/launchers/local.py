@@ -17,6 +17,7 @@ from ..errors import LaunchTimeoutError, RankFailedError
 from ..rank.torch_names import missing as missing_private_names
 from ..runs import Run
 from ..schema.results import prepare as prepare_results
+from ..schema.status import RunStatus
 from ..supervision.failure import failure_message, hang_message
 from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
@@ -66,7 +67,7 @@ class LocalLauncher:
                 return attempts.finished()
             again = attempts.next_plan(plan, failures, "all ranks")
             if again is None:
-                run.status = "failed"
+                run.status = RunStatus.FAILED
                 raise RankFailedError(failure_message(run.root_cause, failures, attempts.tracker, outcome.ranks,
                                                       run.run_dir), run.root_cause, failures, run)
             plan = again
@@ -100,7 +101,7 @@ class LocalLauncher:
 def _hang_error(plan, run: Run, attempts: Attempts, outcome: SupervisorOutcome) -> LaunchTimeoutError:
     """A hang or the timeout: where every rank was and its stacks, in the message and on the Run."""
     tracker = attempts.tracker
-    run.status = "hung" if outcome.stop_reason == "hang" else "timed out"
+    run.status = RunStatus.HUNG if outcome.stop_reason == "hang" else "timed out"
     message = hang_message(outcome.snapshot, tracker, outcome.stack_dump_seq, plan.timeout, run.run_dir,
                            outcome.stop_reason == "timeout")
     run.stuck_ranks = sorted(rank for rank, info in outcome.snapshot.items() if info.get("state") == "running")
@@ -115,7 +116,7 @@ def _meet(meeting_point: NodeRendezvous, plan, run: Run):
         return meeting_point.meet()
     except NodeRendezvousTimeout as exc:
         meeting_point.forget()
-        run.status = "timed out"
+        run.status = RunStatus.TIMED_OUT
         raise LaunchTimeoutError(
             f"This node waited at the c10d rendezvous {meeting_point.endpoint} (rdzv_id={plan.rdzv_id!r}) for "
             f"all {plan.num_nodes} nodes and not all arrived within {meeting_point.join_timeout:g} s: a node never "
