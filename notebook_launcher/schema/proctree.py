@@ -65,6 +65,11 @@ def descendants(pids) -> dict[int, int]:
     return _below(pids, table, _children(table))
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    return _children(_table()).get(pid, [])
+
+
 def descendants_of_each(pids) -> dict[int, dict[int, int]]:
     """``descendants`` of each pid apart, from one look at /proc."""
     table = _table() if pids else {}

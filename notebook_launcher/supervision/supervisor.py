@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
 from ..schema.lines import expand_lines
-from ..schema.proctree import descendants, descendants_of_each, kill, kill_group, kill_if_same
+from ..schema.proctree import children_of, descendants, descendants_of_each, kill, kill_group, kill_if_same
 from .demux import RankDemux
 from .handles import WorkerProcess
 from .hangs import HangWatch, StallWatch
@@ -374,13 +374,13 @@ class Supervisor:
                 if worker.pid in asked:
                     continue
                 asked.add(worker.pid)
-                try:
-                    if self.plan.xla is not None:  # every process torch_xla started for the ordinals dumps too
-                        os.killpg(worker.pid, signal.SIGUSR1)
-                    else:
-                        os.kill(worker.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+                # an XLA host waits in xmp.spawn: the processes torch_xla started run the ordinals (one at a time
+                # per stream: a dump of the host's as well would interleave with its first ordinal's)
+                for pid in children_of(worker.pid) if self.plan.xla is not None else [worker.pid]:
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                    except ProcessLookupError:
+                        pass
 
     def _stop(self, reason: str, grace: float = TERMINATE_GRACE_S) -> None:
         """SIGTERM every live worker's process group now, SIGKILL after ``grace`` seconds."""
