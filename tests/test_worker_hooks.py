@@ -10,10 +10,11 @@ from notebook_launcher import (
     find_executable_batch_size,
     last_run,
     notebook_launcher,
-    ops,
     report,
     set_trigger,
 )
+
+from notebook_launcher.rank import ops  # (any_rank: the rank side's own collective)
 
 TRIGGER = "notebook_launcher.check_trigger"
 

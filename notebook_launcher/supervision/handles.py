@@ -8,6 +8,9 @@ import subprocess
 from dataclasses import dataclass, field
 
 
+_PF_EXITING = 0x4  # include/linux/sched.h
+
+
 @dataclass
 class WorkerProcess:
     """One rank's process, as the supervisor sees it."""
@@ -27,6 +30,17 @@ class WorkerProcess:
     @property
     def alive(self) -> bool:
         return self.exit_code is None and self.signal is None
+
+    def exiting(self) -> bool:
+        """Whether the process is already on its way out by itself (the kernel's PF_EXITING flag, from /proc):
+        between the moment an exiting rank's sockets close, which its peers notice, and its reaping, it is
+        still alive, but no stop of ours is what ended it."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as stat:
+                flags = int(stat.read().rsplit(b")", 1)[1].split()[6])
+        except (OSError, IndexError, ValueError):
+            return False
+        return bool(flags & _PF_EXITING)
 
     def open_pidfd(self) -> int | None:
         """A pidfd (readable once the process exits), where the system has them; None elsewhere (the

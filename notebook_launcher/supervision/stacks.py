@@ -3,7 +3,7 @@
 Kernel side. A forked rank's stack holds, below the user's function, the frames it inherited from the kernel
 (the cell that called ``notebook_launcher``, IPython, the supervisor and starters) and, above it, this
 package's wrappers of the collectives. ``user_stack`` cuts every frame of notebook_launcher's own and
-everything below the user's function entry (``worker._run``), and says in one line how many it cut; the run
+everything below the user's function entry (``rank/reporting.call_and_report``), and says in one line how many it cut; the run
 log keeps the dump whole. ``cell_names`` writes a notebook cell's file (``/tmp/ipykernel_<pid>/<hash>.py``)
 the way IPython names it, ``cell In[5], line 19``, using the cell files this kernel's IPython compiled.
 """
@@ -16,7 +16,8 @@ import sys
 import sysconfig
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_ENTRY = (os.path.join(PACKAGE_DIR, "worker.py"), "_run")  # where a rank calls the user's function
+# where a rank (rank/worker.py) or an XLA ordinal (rank/xla_host.py) calls the user's function
+_ENTRY = (os.path.join(PACKAGE_DIR, "rank", "reporting.py"), "call_and_report")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<function>.*)$')
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+")
 _NOT_USER = tuple({os.path.join(sysconfig.get_paths()[name], "") for name in ("stdlib", "platstdlib")})

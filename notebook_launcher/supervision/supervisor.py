@@ -389,7 +389,7 @@ class Supervisor:
         self._reap_all()  # one that already died on its own keeps its own cause of death
         signaled = {w.pid for w in self._workers if w.alive and w.rank not in self._reported_failure}
         for worker in self._workers:
-            if worker.alive and worker.pid in signaled:  # (XLA ordinals share a process: stopped with it)
+            if worker.alive and worker.pid in signaled and not worker.exiting():  # (XLA ordinals share one)
                 worker.stopped_by_launcher = True
         self._signal_all(signal.SIGTERM, spare=self._reported_failure)  # SIGKILL after the grace takes all
         kill_at = time.monotonic() + grace
