@@ -1,7 +1,8 @@
 /**
  * The live panel's messages over its comm (../SCHEMA.md, "Live updates"): a full state once, then deltas.
  * `applyDelta` is the rule notebook_launcher/display/delta.py's `apply_delta` states; tests on both sides
- * check that deltas rebuild the kernel's state.
+ * check that deltas rebuild the kernel's state, and test/delta_contract.test.ts that this one rebuilds the
+ * states the Python side made (tests/test_delta_contract.py writes them).
  */
 
 import { IHistoryPoint, ILine, IProgress, IRank, IRun } from './schema';

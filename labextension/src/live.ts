@@ -7,7 +7,15 @@
  *
  * The MIME output (updated rarely while a panel listens) is shown when it is newer than the live state: without
  * a kernel (a saved notebook, a kernel that never answers) it is the panel, as before.
+ *
+ * `LiveRuns` holds what the page follows. The `notebook-launcher-panel:live` plugin (index.ts) makes the page's
+ * one and provides it as `ILiveRuns`; each notebook's renderer factory gets it and that notebook's kernel
+ * (mime.ts `createRendererFactory`). A renderer made without it (the MIME extension's own factory: outside
+ * notebooks, or with that plugin disabled) shows the output alone.
  */
+
+import { Token } from '@lumino/coreutils';
+import { ISignal, Signal } from '@lumino/signaling';
 
 import { applyDelta, ICaps, LiveMessage, LiveRun } from './delta';
 import { IRun } from './schema';
@@ -57,16 +65,10 @@ export interface IKernelLike {
   createComm(target: string): ICommLike;
 }
 
-/** Finds the kernel of the notebook a node is in (set by the plugin; none in tests or without JupyterLab). */
+/** Finds the kernel to open a panel's comm on, from the panel's node (null: none, show the output alone). */
 export type KernelFinder = (node: HTMLElement) => IKernelLike | null;
 
-let finder: KernelFinder | null = null;
-
-export function setKernelFinder(find: KernelFinder | null): void {
-  finder = find;
-}
-
-type Show = (run: IRun) => void;
+type Show = (run: LiveRun) => void;
 
 /** One run followed in this page. */
 class Follow {
@@ -76,10 +78,13 @@ class Follow {
   caps: ICaps | null = null;
   comm: ICommLike | null = null;
   private askedFull = false;
-  readonly views = new Set<Show>();
-  readonly listeners = new Set<(run: LiveRun) => void>();
+  /** Each new live state, for the views of this run. */
+  readonly changed = new Signal<Follow, LiveRun>(this);
 
-  constructor(readonly runId: string) {}
+  constructor(
+    readonly runId: string,
+    private readonly onLive: (state: LiveRun) => void
+  ) {}
 
   connect(kernel: IKernelLike): void {
     let comm: ICommLike;
@@ -132,8 +137,8 @@ class Follow {
   private set(state: LiveRun): void {
     this.state = state;
     this.live = true;
-    this.views.forEach(show => show(state));
-    this.listeners.forEach(listener => listener(state));
+    this.changed.emit(state);
+    this.onLive(state);
   }
 
   /** A MIME output of this run: what to show, the output or the newer live state. */
@@ -147,37 +152,71 @@ class Follow {
   }
 }
 
-const follows = new Map<string, Follow>();
-
 function isRunning(run: IRun): boolean {
   return run.status === 'running' || run.status === 'starting';
 }
 
-/** The live state of a run in this page, if it is followed (for the Runs sidebar). */
-export function liveState(runId: string | undefined): LiveRun | null {
-  const follow = runId ? follows.get(runId) : undefined;
-  return follow && follow.live ? follow.state : null;
+/**
+ * The runs this page follows over their comms: one comm and one state per run, shared by every view of it. The
+ * extension's `notebook-launcher-panel:live` plugin provides it (index.ts); the Runs sidebar reads it.
+ */
+export interface ILiveRuns {
+  /** Every live state of any run (the Runs sidebar refreshes its counts). */
+  readonly stateChanged: ISignal<ILiveRuns, LiveRun>;
+  /** The live state of a run, if the page follows it. */
+  liveState(runId: string | undefined): LiveRun | null;
+  /** A renderer's link to its run: it shows what `show` gets; comms open on the kernel `find` gives. */
+  link(show: Show, find: KernelFinder): LiveLink;
 }
 
-/** Called on every live state of any run (the Runs sidebar refreshes its counts); returns the unsubscribe. */
-export function onLiveState(listener: (run: LiveRun) => void): () => void {
-  const hook = { listener };
-  allListeners.add(hook);
-  follows.forEach(follow => follow.listeners.add(listener));
-  return () => {
-    allListeners.delete(hook);
-    follows.forEach(follow => follow.listeners.delete(listener));
-  };
+export const ILiveRuns = new Token<ILiveRuns>(
+  'notebook-launcher-panel:ILiveRuns',
+  'The runs the page follows live over their comms (the run panels of notebooks), and their newest states.'
+);
+
+/** What a renderer needs to follow its run live (mime.ts `createRendererFactory`). */
+export interface ILiveOptions {
+  runs: ILiveRuns;
+  kernel: KernelFinder;
 }
 
-const allListeners = new Set<{ listener: (run: LiveRun) => void }>();
+export class LiveRuns implements ILiveRuns {
+  private readonly follows = new Map<string, Follow>();
+  private readonly changed = new Signal<ILiveRuns, LiveRun>(this);
+
+  get stateChanged(): ISignal<ILiveRuns, LiveRun> {
+    return this.changed;
+  }
+
+  liveState(runId: string | undefined): LiveRun | null {
+    const follow = runId ? this.follows.get(runId) : undefined;
+    return follow && follow.live ? follow.state : null;
+  }
+
+  link(show: Show, find: KernelFinder): LiveLink {
+    return new LiveLink(runId => this.follow(runId), show, find);
+  }
+
+  private follow(runId: string): Follow {
+    let follow = this.follows.get(runId);
+    if (!follow) {
+      follow = new Follow(runId, state => this.changed.emit(state));
+      this.follows.set(runId, follow);
+    }
+    return follow;
+  }
+}
 
 /** One renderer's link to its run: it shows what `show` gets, the MIME output or the live state. */
 export class LiveLink {
   private follow: Follow | null = null;
   private node: HTMLElement | null = null;
 
-  constructor(private readonly show: Show) {}
+  constructor(
+    private readonly followOf: (runId: string) => Follow,
+    private readonly show: Show,
+    private readonly find: KernelFinder
+  ) {}
 
   /** The output's payload (renderModel): shows it, or the live state when that is newer; follows a live run. */
   offer(payload: LiveRun, node: HTMLElement): void {
@@ -186,43 +225,35 @@ export class LiveLink {
       this.show(payload);
       return;
     }
-    let follow = follows.get(runId);
-    if (!follow) {
-      follow = new Follow(runId);
-      allListeners.forEach(hook => follow?.listeners.add(hook.listener));
-      follows.set(runId, follow);
-    }
+    const follow = this.followOf(runId);
     if (this.follow !== follow) {
-      this.follow?.views.delete(this.show);
+      this.follow?.changed.disconnect(this.onState, this);
       this.follow = follow;
-      follow.views.add(this.show);
+      follow.changed.connect(this.onState, this);
     }
     this.node = node;
-    const shown = follow.offer(payload);
-    this.show(shown);
+    this.show(follow.offer(payload));
     this.connect();
   }
 
   /** Open the comm if the run is live and none is open (again once the output is in the page). */
   connect(): void {
     const follow = this.follow;
-    if (!follow || !follow.state || follow.comm || !finder || !this.node || !isRunning(follow.state)) {
+    if (!follow || !follow.state || follow.comm || !this.node || !isRunning(follow.state)) {
       return;
     }
-    const kernel = finder(this.node);
+    const kernel = this.find(this.node);
     if (kernel) {
       follow.connect(kernel);
     }
   }
 
   dispose(): void {
-    this.follow?.views.delete(this.show);
+    this.follow?.changed.disconnect(this.onState, this);
     this.follow = null;
   }
-}
 
-/** Forget every followed run (tests). */
-export function resetLive(): void {
-  follows.clear();
-  allListeners.clear();
+  private onState(_: Follow, state: LiveRun): void {
+    this.show(state);
+  }
 }

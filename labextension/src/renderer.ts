@@ -19,7 +19,7 @@ import { formatElapsed } from './format';
 import { RankGrid } from './grid';
 import { renderBalance } from './balance';
 import { HangCard } from './hang';
-import { LiveLink } from './live';
+import { ILiveOptions, LiveLink } from './live';
 import { IFailure, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
 
 /** Above this many ranks the panel shows the grid (grid.ts), not one column per rank. */
@@ -252,19 +252,20 @@ export class RunView {
   }
 }
 
-/** A JupyterLab MIME renderer around `RunView`; `renderModel` is called again on every update. */
+/** A MIME renderer around `RunView` (renderModel: each update); with `live` it follows a running run (live.ts). */
 export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   private readonly view = new RunView();
-  private readonly link = new LiveLink(run => this.view.update(run));
+  private readonly link: LiveLink | null;
 
-  constructor(_options?: IRenderMime.IRendererOptions) {
+  constructor(_options?: IRenderMime.IRendererOptions, live?: ILiveOptions | null) {
     super();
+    this.link = live ? live.runs.link(run => this.view.update(run), live.kernel) : null;
     this.addClass('nl-run-widget');
     this.node.appendChild(this.view.node);
   }
 
   protected onAfterAttach(): void {
-    this.link.connect();
+    this.link?.connect();
     this.view.repin();
   }
 
@@ -273,7 +274,7 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   }
 
   dispose(): void {
-    this.link.dispose();
+    this.link?.dispose();
     this.view.dispose();
     super.dispose();
   }
@@ -287,10 +288,12 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
         data = null;
       }
     }
-    if (data && typeof data === 'object') {
+    if (!data || typeof data !== 'object') {
+      this.view.update({ notes: ['invalid run payload'] }); // (no status: the badge says "unknown")
+    } else if (this.link) {
       this.link.offer(data as IRun, this.node);
     } else {
-      this.view.update({ status: 'unknown', notes: ['invalid run payload'] });
+      this.view.update(data as IRun);
     }
     return Promise.resolve();
   }

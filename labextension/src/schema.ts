@@ -26,10 +26,19 @@ export type RankStatus =
   | 'busy'
   | 'in DDP';
 
+/** `failure.kind` (notebook_launcher/launchers/driver.py). */
+export type FailureKind = 'failure' | 'hang' | 'timeout' | 'interrupted';
+
+/** Where a hang notice places a rank (`hang.ranks[...].state`; the watchdog's words). */
+export type HangRankState = 'waiting' | 'in_ddp' | 'busy' | 'finished' | 'exited';
+
+/** A line's `kind`. */
+export type LineKind = 'stdout' | 'stderr' | 'log';
+
 export interface ILine {
   n: number;
   t?: number;
-  kind?: 'stdout' | 'stderr' | 'log';
+  kind?: LineKind;
   level?: string | null;
   logger?: string | null;
   text?: string;
@@ -52,7 +61,7 @@ export interface IHistoryPoint {
 export interface IRank {
   rank: number;
   host?: string | null;
-  status?: RankStatus | string;
+  status?: RankStatus;
   pid?: number | null;
   exit_code?: number | null;
   lines?: ILine[];
@@ -94,7 +103,7 @@ export interface ITrigger {
 }
 
 export interface IFailure {
-  kind?: 'failure' | 'hang' | 'timeout' | 'interrupted' | string;
+  kind?: FailureKind;
   rank?: number | null;
   type?: string | null;
   traceback?: string | null;
@@ -104,7 +113,7 @@ export interface IFailure {
 
 /** Where one rank is, as a hang notice tells it. */
 export interface IHangRank {
-  state?: 'waiting' | 'in_ddp' | 'busy' | 'finished' | 'exited' | string;
+  state?: HangRankState;
   text?: string;
 }
 
@@ -127,7 +136,7 @@ export interface IRun {
   version?: number;
   run_id?: string;
   run_dir?: string;
-  status?: RunStatus | string;
+  status?: RunStatus;
   device?: string;
   backend?: string;
   start_method?: string;

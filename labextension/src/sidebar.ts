@@ -1,23 +1,24 @@
 /**
- * The "Runs" sidebar (package.json `jupyterlab.extension`): lists every run panel found in the outputs of
- * the open notebooks. The output models signal each `update_display_data`; a run a panel follows over its comm
- * (live.ts) is shown from that newer state. The plugin also tells live.ts how to find a panel's kernel.
+ * The "Runs" sidebar (its plugin is in index.ts): lists every run panel found in the outputs of the open
+ * notebooks. The output models signal each `update_display_data`; a run a panel follows over its comm (the
+ * page's `ILiveRuns`, live.ts, when the live plugin is there) is shown from that newer state.
  */
 
-import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import type { JupyterFrontEnd } from '@jupyterlab/application';
 import type { ICellModel, ICodeCellModel } from '@jupyterlab/cells';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import type { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Throttler } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { badge, h, setData } from './dom';
 import { formatElapsed, formatProgress, progressFraction, rankCounts, slowestProgress } from './format';
-import { IKernelLike, liveState, onLiveState, setKernelFinder } from './live';
+import type { ILiveRuns } from './live';
 import { IRun, MIME_TYPE } from './schema';
 
-const SIDEBAR_ID = 'notebook-launcher-runs';
+export const SIDEBAR_ID = 'notebook-launcher-runs';
 
-/** Debounce for rescans: outputs update a few times a second per run. */
+/** Rescans at most this often (a trailing-edge throttle): outputs update a few times a second per run. */
 const RESCAN_MS = 150;
 
 export const runsIcon = new LabIcon({
@@ -37,8 +38,11 @@ interface IFoundRun {
   run: IRun;
 }
 
-/** Find every run payload in the code cells' outputs of the open notebooks, in notebook and cell order. */
-export function findRuns(tracker: INotebookTracker): IFoundRun[] {
+/**
+ * Find every run payload in the code cells' outputs of the open notebooks, in notebook and cell order (each
+ * run as `live` has it, where that is newer).
+ */
+export function findRuns(tracker: INotebookTracker, live: ILiveRuns | null = null): IFoundRun[] {
   const found: IFoundRun[] = [];
   const seen = new Set<string>();
   tracker.forEach(panel => {
@@ -58,8 +62,8 @@ export function findRuns(tracker: INotebookTracker): IFoundRun[] {
           continue;
         }
         // a panel following the run over its comm has a newer state than the output (refreshed rarely)
-        const live = liveState(saved.run_id);
-        const run = live && (live.seq ?? 0) >= (saved.seq ?? 0) ? live : saved;
+        const state = live?.liveState(saved.run_id);
+        const run = state && (state.seq ?? 0) >= (saved.seq ?? 0) ? state : saved;
         const key = `${panel.id}:${run.run_id ?? `${cell.id}:${j}`}`;
         if (!seen.has(key)) {
           seen.add(key);
@@ -77,11 +81,13 @@ export class RunsSidebar extends Widget {
   private readonly empty = h('div', 'nl-sidebar-empty', 'No runs in the open notebooks.');
   private readonly items = new Map<string, { node: HTMLLIElement; key: string }>();
   private found = new Map<string, IFoundRun>();
-  private timer: ReturnType<typeof setTimeout> | null = null;
+  /** Many signals in a burst cost one rescan, RESCAN_MS after the first. */
+  private readonly rescan = new Throttler(() => this.refresh(), { limit: RESCAN_MS, edge: 'trailing' });
 
   constructor(
     private readonly tracker: INotebookTracker,
-    private readonly shell: JupyterFrontEnd.IShell
+    private readonly shell: JupyterFrontEnd.IShell,
+    private readonly live: ILiveRuns | null = null
   ) {
     super();
     this.id = SIDEBAR_ID;
@@ -98,29 +104,25 @@ export class RunsSidebar extends Widget {
     });
     tracker.widgetAdded.connect((_, panel) => this.watchPanel(panel));
     tracker.forEach(panel => this.watchPanel(panel));
+    live?.stateChanged.connect(this.schedule, this); // (disconnected by Widget.dispose: Signal.clearData)
     this.schedule();
   }
 
   dispose(): void {
-    if (this.timer !== null) {
-      clearTimeout(this.timer);
-    }
+    this.rescan.dispose();
     super.dispose();
   }
 
   /** Rescan soon; many signals in a burst cost one rescan. */
   schedule(): void {
-    if (this.timer === null && !this.isDisposed) {
-      this.timer = setTimeout(() => {
-        this.timer = null;
-        this.refresh();
-      }, RESCAN_MS);
+    if (!this.isDisposed) {
+      this.rescan.invoke().catch(reason => console.error('notebook-launcher-panel: the Runs list', reason));
     }
   }
 
   /** Rescan now and patch the list, rebuilding only the entries whose run changed. */
   refresh(): void {
-    const runs = findRuns(this.tracker);
+    const runs = findRuns(this.tracker, this.live);
     this.found = new Map(runs.map(found => [found.key, found]));
     let previous: HTMLElement | null = null;
     for (const found of runs) {
@@ -250,31 +252,3 @@ function entryKey(found: IFoundRun): string {
   return JSON.stringify([run.run_id, run.status, run.elapsed, run.attempt, run.hang?.live, run.failure?.kind, ranks,
     found.panel.context.path]);
 }
-
-/** The kernel of the notebook whose output holds `node` (the live panel opens its comm there). */
-function kernelOf(tracker: INotebookTracker, node: HTMLElement): IKernelLike | null {
-  let kernel: IKernelLike | null = null;
-  tracker.forEach(panel => {
-    if (!kernel && !panel.isDisposed && panel.node.contains(node)) {
-      kernel = (panel.sessionContext.session?.kernel as IKernelLike | null | undefined) ?? null;
-    }
-  });
-  return kernel;
-}
-
-const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'notebook-launcher-panel:sidebar',
-  description: 'The "Runs" sidebar: every notebook_launcher run in the open notebooks.',
-  autoStart: true,
-  requires: [INotebookTracker],
-  optional: [ILayoutRestorer],
-  activate: (app: JupyterFrontEnd, tracker: INotebookTracker, restorer: ILayoutRestorer | null) => {
-    setKernelFinder(node => kernelOf(tracker, node));
-    const sidebar = new RunsSidebar(tracker, app.shell);
-    onLiveState(() => sidebar.schedule());
-    app.shell.add(sidebar, 'left', { rank: 700 });
-    restorer?.add(sidebar, SIDEBAR_ID);
-  }
-};
-
-export default plugin;

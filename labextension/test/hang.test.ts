@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { RunView } from '../src/renderer';
-import type { IHang } from '../src/schema';
+import type { HangRankState, IHang } from '../src/schema';
 import { rank, run } from './fixtures';
 
 const XSS = '<img src=x onerror="window.__pwned = 1">';
@@ -111,7 +111,7 @@ describe('the hang card', () => {
   it('renders user text as text', () => {
     const node = render(
       new RunView(),
-      liveHang({ ranks: { [XSS]: { state: XSS, text: XSS } }, stacks: { '0': XSS }, text: XSS, diverged: null }),
+      liveHang({ ranks: { [XSS]: { state: XSS as HangRankState, text: XSS } }, stacks: { '0': XSS }, text: XSS, diverged: null }),
       [liveHang({ live: false, text: XSS, cleared_text: XSS })]
     );
     expect(node.querySelector('img')).toBeNull();

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { applyDelta, IDelta, IFull, LineRow } from '../src/delta';
-import { ICommLike, IKernelLike, resetLive, setKernelFinder, TARGET } from '../src/live';
+import { ICommLike, IKernelLike, KernelFinder, LiveRuns, TARGET } from '../src/live';
 import { RunRenderer } from '../src/renderer';
 import { IRun, MIME_TYPE } from '../src/schema';
 import { line, rank, run } from './fixtures';
@@ -74,8 +74,10 @@ class FakeKernel implements IKernelLike {
   createComm(target: string) { const comm = new FakeComm(); this.comms.push({ target, comm }); return comm; }
 }
 
-function mount(payload: IRun): RunRenderer {
-  const renderer = new RunRenderer();
+let runs = new LiveRuns();
+
+function mount(payload: IRun, kernel: KernelFinder | null = () => null): RunRenderer {
+  const renderer = new RunRenderer(undefined, kernel ? { runs, kernel } : null);
   document.body.appendChild(renderer.node);
   void renderer.renderModel({ data: { [MIME_TYPE]: payload } } as never);
   return renderer;
@@ -86,14 +88,13 @@ function lineTexts(root: ParentNode, rankId: number): string[] {
 }
 
 describe('a panel following its run over a comm', () => {
-  afterEach(() => { resetLive(); setKernelFinder(null); document.body.replaceChildren(); });
+  afterEach(() => { runs = new LiveRuns(); document.body.replaceChildren(); });
 
   it('opens one comm for a running run, shows the full state then each delta, and ignores older outputs', async () => {
     const kernel = new FakeKernel();
-    setKernelFinder(() => kernel);
     const payload = { ...run({ ranks: [rank(0), rank(1)] }), seq: 0 };
-    const first = mount(payload);
-    const second = mount(payload); // the same run shown twice in the page: one comm
+    const first = mount(payload, () => kernel);
+    const second = mount(payload, () => kernel); // the same run shown twice in the page: one comm
     await flush();
     expect(kernel.comms.map(c => [c.target, c.comm.opened])).toEqual([[TARGET, [{ run_id: payload.run_id }]]]);
     const comm = kernel.comms[0].comm;
@@ -115,9 +116,8 @@ describe('a panel following its run over a comm', () => {
 
   it('reads the messages packed in a binary buffer, as an ArrayBuffer or a view of one', () => {
     const kernel = new FakeKernel();
-    setKernelFinder(() => kernel);
     const payload = { ...run({ ranks: [rank(0)] }), seq: 0 };
-    const renderer = mount(payload);
+    const renderer = mount(payload, () => kernel);
     const comm = kernel.comms[0].comm;
     comm.deliverPacked({ type: 'full', run_id: payload.run_id, seq: 3, caps: { lines: 200, history: 200 },
       state: run({ ranks: [rank(0, { lines: [line(1, 'one é')], lines_total: 1 })] }) } as IFull);
@@ -127,9 +127,8 @@ describe('a panel following its run over a comm', () => {
 
   it('catches up after a reload: a saved mid-run output gets the full state, then deltas', () => {
     const kernel = new FakeKernel();
-    setKernelFinder(() => kernel);
     const stale = { ...run({ ranks: [rank(0, { lines: [line(1, 'old')], lines_total: 1 })] }), seq: 2 };
-    const renderer = mount(stale);
+    const renderer = mount(stale, () => kernel);
     expect(lineTexts(renderer.node, 0)).toEqual(['old']);
     const comm = kernel.comms[0].comm;
     comm.deliver({ type: 'full', run_id: stale.run_id, seq: 40, caps: { lines: 200, history: 200 },
@@ -148,8 +147,7 @@ describe('a panel following its run over a comm', () => {
       comm.subshellStarted = new Promise<void>(resolve => (started = resolve));
       return comm;
     };
-    setKernelFinder(() => kernel);
-    mount(run());
+    mount(run(), () => kernel);
     await flush();
     expect(kernel.comms[0].comm.opened).toEqual([]);
     started();
@@ -159,13 +157,43 @@ describe('a panel following its run over a comm', () => {
 
   it('shows the output alone when no kernel answers, and opens no comm for an ended run', () => {
     const kernel = new FakeKernel();
-    setKernelFinder(() => kernel);
-    const renderer = mount(run({ status: 'finished', ranks: [rank(0, { lines: [line(1, 'done')] })] }));
+    const renderer = mount(run({ status: 'finished', ranks: [rank(0, { lines: [line(1, 'done')] })] }), () => kernel);
     expect(kernel.comms).toEqual([]);
     expect(lineTexts(renderer.node, 0)).toEqual(['done']);
-    setKernelFinder(() => null);
-    const live = mount(run({ run_id: 'other', ranks: [rank(0, { lines: [line(1, 'a')] })] }));
+    const live = mount(run({ run_id: 'other', ranks: [rank(0, { lines: [line(1, 'a')] })] }), () => null);
     void live.renderModel({ data: { [MIME_TYPE]: run({ run_id: 'other', ranks: [rank(0, { lines: [line(1, 'a'), line(2, 'b')] })] }) } } as never);
     expect(lineTexts(live.node, 0)).toEqual(['a', 'b']);
+  });
+
+  it('tells the page of every live state, and knows the newest state of each followed run', () => {
+    const kernel = new FakeKernel();
+    const seen: [string | undefined, number | undefined][] = [];
+    runs.stateChanged.connect((_, state) => seen.push([state.run_id, state.seq]));
+    const payload = { ...run({ ranks: [rank(0)] }), seq: 0 };
+    mount(payload, () => kernel);
+    expect(runs.liveState(payload.run_id)).toBeNull(); // the output alone: not live yet
+    const comm = kernel.comms[0].comm;
+    comm.deliver({ type: 'full', run_id: payload.run_id, seq: 3, caps: { lines: 200, history: 200 }, state: run() });
+    comm.deliver(delta(4));
+    expect(seen).toEqual([[payload.run_id, 3], [payload.run_id, 4]]);
+    expect(runs.liveState(payload.run_id)?.seq).toBe(4);
+    expect([runs.liveState('other'), runs.liveState(undefined)]).toEqual([null, null]);
+  });
+
+  it('a disposed renderer is no longer drawn by its run; one made without live shows its output alone', () => {
+    const kernel = new FakeKernel();
+    const payload = { ...run({ ranks: [rank(0)] }), seq: 0 };
+    const gone = mount(payload, () => kernel);
+    const kept = mount(payload, () => kernel);
+    gone.dispose();
+    const comm = kernel.comms[0].comm;
+    comm.deliver({ type: 'full', run_id: payload.run_id, seq: 3, caps: { lines: 200, history: 200 },
+      state: run({ ranks: [rank(0, { lines: [line(1, 'one')], lines_total: 1 })] }) });
+    expect([lineTexts(kept.node, 0), lineTexts(gone.node, 0)]).toEqual([['one'], []]);
+    const plain = mount(payload, null); // no ILiveRuns (the MIME extension's own factory)
+    expect(kernel.comms).toHaveLength(1);
+    expect(plain.node.querySelector('.nl-run')?.getAttribute('data-status')).toBe('running');
+    void plain.renderModel({ data: { [MIME_TYPE]: { ...payload, ranks: [rank(0, { lines: [line(1, 'saved')] })] } } } as never);
+    expect(lineTexts(plain.node, 0)).toEqual(['saved']); // the output, though the page has a newer live state
   });
 });

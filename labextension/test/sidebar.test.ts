@@ -1,6 +1,8 @@
 import { Signal } from '@lumino/signaling';
 import { describe, expect, it, vi } from 'vitest';
 
+import { ICommLike, LiveRuns } from '../src/live';
+import { RunRenderer } from '../src/renderer';
 import { findRuns, RunsSidebar } from '../src/sidebar';
 import { MIME_TYPE } from '../src/schema';
 import { rank, run } from './fixtures';
@@ -46,6 +48,15 @@ function fakeTracker(panels: ReturnType<typeof fakePanel>[]) {
     forEach: (fn: (panel: any) => void) => panels.forEach(fn),
     widgetAdded: new Signal<any, any>({})
   } as any;
+}
+
+/** A kernel whose one comm the test answers. */
+class FakeKernel {
+  comm: ICommLike | null = null;
+  createComm(): ICommLike {
+    this.comm = { open: () => undefined, send: () => undefined, onMsg: null, onClose: null };
+    return this.comm;
+  }
 }
 
 describe('Runs sidebar', () => {
@@ -98,23 +109,54 @@ describe('Runs sidebar', () => {
     sidebar.dispose();
   });
 
-  it('follows output changes', async () => {
+  it('follows output changes, one rescan for a burst of them', async () => {
     vi.useFakeTimers();
     const panel = fakePanel('nb-a', 'a.ipynb', [[run({ run_id: 'r1' })]]);
     const sidebar = new RunsSidebar(fakeTracker([panel]), { activateById: vi.fn() } as any);
-    vi.runAllTimers();
+    const refresh = vi.spyOn(sidebar, 'refresh');
+    await vi.runAllTimersAsync();
     expect(sidebar.node.querySelectorAll('.nl-sidebar-run')).toHaveLength(1);
     const outputs = panel.cells[0].outputs;
     outputs.items[0] = { data: { [MIME_TYPE]: run({ run_id: 'r1', status: 'finished' }) } };
     outputs.stateChanged.emit(0);
-    vi.runAllTimers();
+    await vi.advanceTimersByTimeAsync(100);
+    outputs.stateChanged.emit(0); // within RESCAN_MS of the first: the same rescan
+    expect(sidebar.node.querySelector<HTMLElement>('.nl-sidebar-run')!.dataset.status).toBe('running');
+    await vi.advanceTimersByTimeAsync(60);
     expect(sidebar.node.querySelector<HTMLElement>('.nl-sidebar-run')!.dataset.status).toBe('finished');
+    await vi.runAllTimersAsync();
+    expect(refresh).toHaveBeenCalledTimes(2);
     outputs.items.length = 0;
     outputs.changed.emit({});
-    vi.runAllTimers();
+    await vi.runAllTimersAsync();
     expect(sidebar.node.querySelectorAll('.nl-sidebar-run')).toHaveLength(0);
     expect(sidebar.node.querySelector<HTMLElement>('.nl-sidebar-empty')!.hidden).toBe(false);
     sidebar.dispose();
+    outputs.changed.emit({}); // disposed: nothing scheduled, nothing thrown
+    await vi.runAllTimersAsync();
+    expect(refresh).toHaveBeenCalledTimes(3);
+    vi.useRealTimers();
+  });
+
+  it('shows a run followed live from its newer state, and rescans on each live state', async () => {
+    vi.useFakeTimers();
+    const live = new LiveRuns();
+    const saved = { ...run({ run_id: 'r1', ranks: [rank(0, { progress: { step: 1, total: 10 } })] }), seq: 0 };
+    const panel = fakePanel('nb-a', 'a.ipynb', [[saved]]);
+    const kernel = new FakeKernel();
+    const renderer = new RunRenderer(undefined, { runs: live, kernel: () => kernel });
+    void renderer.renderModel({ data: { [MIME_TYPE]: saved } } as never);
+    const sidebar = new RunsSidebar(fakeTracker([panel]), { activateById: vi.fn() } as any, live);
+    await vi.runAllTimersAsync();
+    const text = () => sidebar.node.querySelector('.nl-sidebar-run .nl-progress-text')?.textContent;
+    expect(text()).toBe('step 1/10');
+    kernel.comm!.onMsg!({ content: { data: { type: 'full', run_id: 'r1', seq: 5, caps: { lines: 200, history: 200 },
+      state: run({ run_id: 'r1', ranks: [rank(0, { progress: { step: 7, total: 10 } })] }) } } });
+    await vi.runAllTimersAsync();
+    expect(text()).toBe('step 7/10');
+    expect(findRuns(fakeTracker([panel]))[0].run.seq).toBe(0); // without ILiveRuns: the output's
+    sidebar.dispose();
+    renderer.dispose();
     vi.useRealTimers();
   });
 });
