@@ -15,7 +15,6 @@ Deterministic: a fixed clock and seeded choices, so the fixture only changes whe
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import io
 import json
@@ -39,10 +38,25 @@ from notebook_launcher.display import state as state_module
 from notebook_launcher.display.comm import PanelChannel
 from notebook_launcher.display.delta import DeltaTracker
 from notebook_launcher.display.panel import PanelDisplay
-from notebook_launcher.display.state import HANG_BADGES, RunState
-from notebook_launcher.events import (BATCH_SIZE, EXIT, FAILURE, HANG_NOTICE, LAUNCHER, LOG, OOM_RETRY,
-                                      PROGRESS, RESTART, SHAPE_MISMATCH, STATUS, STREAM, TRIGGER, Event)
-from notebook_launcher.lines import StreamLines
+from notebook_launcher.display.state import HANG_BADGES, RunState  # noqa: F401 - the badges' statuses
+from notebook_launcher.schema.events import (
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    HANG_NOTICE,
+    LAUNCHER,
+    LOG,
+    OOM_RETRY,
+    PROGRESS,
+    RESTART,
+    SHAPE_MISMATCH,
+    STATUS,
+    STREAM,
+    TRIGGER,
+    Event,
+)
+from notebook_launcher.schema.lines import StreamLines
+from notebook_launcher.schema.status import RankStatus, RunStatus
 
 LABEXTENSION = os.path.join(ROOT, "labextension")
 FIXTURE = os.path.join(LABEXTENSION, "test", "fixtures", "delta_contract.json")
@@ -320,58 +334,10 @@ def _ts_union(name: str) -> set:
     return set(values)
 
 
-def _literals(node) -> set:
-    """The strings an assigned expression can give: a literal, either side of ``a if c else b``."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, ast.IfExp):
-        return _literals(node.body) | _literals(node.orelse)
-    return set()
-
-
-def _assigned_statuses(path: str, classify) -> tuple[set, set]:
-    """The string literals assigned to a ``.status`` in a module: (run statuses, rank statuses) by ``classify``
-    (the class the assignment is in, the object's expression) -> "run" | "rank" | None."""
-    with open(path, encoding="utf-8") as file:
-        tree = ast.parse(file.read())
-    found = {"run": set(), "rank": set()}
-
-    def visit(node, cls):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, child.name)
-                continue
-            if isinstance(child, ast.Assign):
-                for target in child.targets:
-                    pairs = [(target, child.value)]
-                    if isinstance(target, ast.Tuple) and isinstance(child.value, ast.Tuple):
-                        pairs = list(zip(target.elts, child.value.elts))
-                    for name, value in pairs:
-                        if isinstance(name, ast.Attribute) and name.attr == "status":
-                            side = classify(cls, ast.unparse(name.value))
-                            if side:
-                                found[side] |= _literals(value)
-            visit(child, cls)
-
-    visit(tree, None)
-    return found["run"], found["rank"]
-
-
 def python_statuses() -> tuple[set, set]:
-    """Every run and rank status the Python side can set, read from its source."""
-    display = os.path.join(ROOT, "notebook_launcher", "display")
-    run, rank = set(), set(HANG_BADGES.values())
-    for module in ("state.py", "rank_state.py"):
-        found = _assigned_statuses(os.path.join(display, module), lambda cls, obj: (
-            "run" if cls == "RunState" and obj == "self" else "rank"))
-        run |= found[0]
-        rank |= found[1]
-    launchers = os.path.join(ROOT, "notebook_launcher", "launchers")
-    for module in sorted(os.listdir(launchers)):
-        if module.endswith(".py"):  # the Run's status, which the panel's finish() gets
-            run |= _assigned_statuses(os.path.join(launchers, module),
-                                      lambda cls, obj: "run" if obj in ("run", "self.run") else None)[0]
-    return run, rank
+    """Every run and rank status the Python side can set: its enums (schema/status.py), which every status
+    assignment uses."""
+    return {status.value for status in RunStatus}, {status.value for status in RankStatus}
 
 
 # -- the tests ---------------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 
-
 _PF_EXITING = 0x4  # include/linux/sched.h
 
 

@@ -3,9 +3,10 @@
 Kernel side. A forked rank's stack holds, below the user's function, the frames it inherited from the kernel
 (the cell that called ``notebook_launcher``, IPython, the supervisor and starters) and, above it, this
 package's wrappers of the collectives. ``user_stack`` cuts every frame of notebook_launcher's own and
-everything below the user's function entry (``rank/reporting.call_and_report``), and says in one line how many it cut; the run
-log keeps the dump whole. ``cell_names`` writes a notebook cell's file (``/tmp/ipykernel_<pid>/<hash>.py``)
-the way IPython names it, ``cell In[5], line 19``, using the cell files this kernel's IPython compiled.
+everything below the user's function entry (``rank/reporting.call_and_report``), and says in one line how many
+it cut; the run log keeps the dump whole. ``cell_names`` writes a notebook cell's file
+(``/tmp/ipykernel_<pid>/<hash>.py``) the way IPython names it, ``cell In[5], line 19``, using the cell files this
+kernel's IPython compiled.
 """
 
 from __future__ import annotations
