@@ -15,6 +15,11 @@ KEEP_STEPS = 1024  # step records kept per rank (the newest): about 100 KB a ran
 STRAGGLER_GAP = 0.20  # the others wait at least this much more of their time than the straggler
 MOST_STEPS = 2 / 3  # ...and, where steps are known, it waits least in at least this share of them
 MIN_STEPS = 5
+# Evidence in time: scheduling on a loaded machine can make any rank of a short run look slow, so no straggler is
+# named for a run whose ranks' functions all took less than MIN_RUN_S, nor, over the whole function (no steps),
+# unless every other rank waited at least MIN_WAIT_S longer than it, in seconds.
+MIN_RUN_S = 1.0
+MIN_WAIT_S = 0.5
 UNEVEN_MEMORY = 1.5  # the memory line: the largest peak is at least this many times the smallest
 
 
@@ -82,7 +87,11 @@ class Balance:
       else over the whole function): the rank that waited the
       smallest share of that time is the straggler when every other rank waited at least 20 points more of its
       own (``STRAGGLER_GAP``) and, over steps, it waited least in at least two thirds of them. (Steps leave out
-      what comes before the loop, such as loading a model, which every rank waits through alike.)
+      what comes before the loop, such as loading a model, which every rank waits through alike.) Only where
+      the evidence can carry it: never for a run whose ranks all took less than 1 s (``MIN_RUN_S``), and over
+      the whole function only when every other rank waited at least 0.5 s longer than it (``MIN_WAIT_S``): in
+      a run of a few hundred milliseconds, the order in which a loaded machine scheduled the ranks is no
+      straggler.
     - ``step_wait_share``: {rank: share of the common steps' time spent waiting} when the rule used steps.
     - ``wait_share``: {rank: share of the function's time spent inside collectives}: waiting for the others,
       communication included (for DDP, only the wait of its backward for the gradient all_reduce, measured on
@@ -173,7 +182,10 @@ def balance_of(ranks: dict) -> Balance:
         for rank, steps in per_step.items():
             total = sum(steps[step][0] for step in common)
             step_wait_share[rank] = sum(steps[step][1] for step in common) / total if total > 0 else 0.0
-    return Balance(straggler=_straggler(step_wait_share or wait_share, per_step, common if step_wait_share else ()),
+    long_enough = bool(ranks) and max(entry["elapsed"] for entry in ranks.values()) >= MIN_RUN_S
+    straggler = _straggler(step_wait_share or wait_share, per_step, common if step_wait_share else (),
+                           {rank: entry["waited"] for rank, entry in ranks.items()}) if long_enough else None
+    return Balance(straggler=straggler,
                    wait_share=wait_share, step_wait_share=step_wait_share, step_time=step_time,
                    peak_memory=peak_memory, device_memory=device_memory, memory=memory,
                    ranks_measured=sorted(ranks), final=bool(ranks) and all(e["final"] for e in ranks.values()))
@@ -192,12 +204,14 @@ def _per_step(steps: list) -> dict:
     return durations
 
 
-def _straggler(shares: dict, per_step: dict, common) -> int | None:
+def _straggler(shares: dict, per_step: dict, common, waited: dict) -> int | None:
     if len(shares) < 2:
         return None
     candidate = min(shares, key=shares.get)
     if any(share < shares[candidate] + STRAGGLER_GAP for rank, share in shares.items() if rank != candidate):
         return None
+    if not common and any(waited[rank] < waited[candidate] + MIN_WAIT_S for rank in shares if rank != candidate):
+        return None  # over the whole function: a gap of a few hundred milliseconds is scheduling, not a straggler
     if common:
         least = sum(1 for step in common
                     if min(shares, key=lambda rank: _step_share(per_step[rank][step])) == candidate)

@@ -109,10 +109,11 @@ def remember(run: Run) -> None:
 
 
 def run_dirs(root: str) -> list[str]:
-    """Run ids under root, newest first."""
+    """Run ids under root, newest first: its folders named as RunLog names them (a link is none: the readers
+    never follow one out of the runs folder)."""
     try:
-        names = [entry for entry in os.listdir(root)
-                 if RUN_ID.fullmatch(entry) and os.path.isdir(os.path.join(root, entry))]
+        names = [entry for entry in os.listdir(root) if RUN_ID.fullmatch(entry)
+                 and not os.path.islink(os.path.join(root, entry)) and os.path.isdir(os.path.join(root, entry))]
     except OSError:
         return []
     return sorted(names, reverse=True)

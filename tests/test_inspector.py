@@ -276,7 +276,7 @@ def test_reload_reads_what_a_running_run_wrote_since(runs_dir, monkeypatch):
     log.write_summary({"run_id": log.run_id, "status": "failed", "world_size": 2})
     assert panel.reload() == 1
     assert panel.all_rows[-1].text == "finished line" and panel.all_rows[-1].kind == "stderr"
-    assert "failed" in panel.header_text and "1 unreadable line" in panel.header_text
+    assert "failed" in panel.header_text and "1 malformed record skipped" in panel.header_text
     panel.close()
 
 

@@ -53,12 +53,30 @@ _new = tuple.__new__  # for the two kinds of every line a rank prints: a Descrip
 
 
 def describe(kind: str, data: dict, rank: int | None = None) -> Description | None:
-    """The event as text, or None for a record that says nothing to a reader (a log placeholder)."""
-    reader = _KINDS.get(kind)
-    if reader is None:  # a kind of a newer version, or a multi-host record: its data as it is
-        shown = {key: value for key, value in data.items() if key != "worker_seq"}
-        return Description(kind, "", 0, json.dumps(shown, default=str)[:MAX_DATA_CHARS], "")
-    return reader(data, rank)
+    """The event as text, or None for a record that says nothing to a reader (a log placeholder). Data of any
+    shape reads as something (a run log read back may hold anything): a field of the wrong type is shown as it
+    is, and a kind's data its reader cannot read is shown as its data, like a kind of a newer version."""
+    if not isinstance(data, dict):
+        data = {"data": data}
+    reader = _KINDS.get(kind) if isinstance(kind, str) else None
+    if reader is not None:
+        try:
+            return reader(data, rank)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError):
+            pass
+    # a kind of a newer version, or a multi-host record: its data as it is
+    shown = {str(key): value for key, value in data.items() if key != "worker_seq"}
+    try:
+        text = json.dumps(shown, default=str)[:MAX_DATA_CHARS]
+    except (ValueError, RecursionError):
+        text = repr(shown)[:MAX_DATA_CHARS]
+    return Description(str(kind), "", 0, text, "")
+
+
+def stream_name(data: dict) -> str:
+    """The stream of an output event: "stdout" or "stderr" (anything else reads as stdout)."""
+    stream = data.get("stream")
+    return stream if stream == "stderr" else "stdout"
 
 
 def first_line(text: Any) -> str:
@@ -90,12 +108,12 @@ def number(value: Any) -> str:
 def _stream(data: dict, rank: int | None) -> Description:
     text = str(data.get("text", ""))
     said = () if data.get("stack_dump") else (text,)  # (a dump the kernel asked for: shown cleaned elsewhere)
-    return _new(Description, (data.get("stream") or "stdout", "", 0, text, "", said))
+    return _new(Description, (stream_name(data), "", 0, text, "", said))
 
 
 def _output(data: dict, rank: int | None) -> Description:
     """A piece of text as the worker wrote it: the live displays get its lines as ``stream`` events."""
-    return Description(data.get("stream") or "stdout", "", 0, str(data.get("text", "")), "")
+    return Description(stream_name(data), "", 0, str(data.get("text", "")), "")
 
 
 def _log(data: dict, rank: int | None) -> Description | None:
@@ -182,7 +200,8 @@ def _batch_size(data: dict, rank: int | None) -> Description:
 
 
 def _oom_retry(data: dict, rank: int | None) -> Description:
-    ranks = ", ".join(str(each) for each in data.get("ranks") or ([] if rank is None else [rank]))
+    ranks = data.get("ranks") if isinstance(data.get("ranks"), list) else None
+    ranks = ", ".join(str(each) for each in ranks or ([] if rank is None else [rank]))
     text = (f"rank {ranks} ran out of memory at batch size {data.get('batch_size')} ({first_line(data.get('error'))}"
             f"); restarting all ranks at batch size {data.get('new_batch_size')}")
     return Description(OOM_RETRY, "", 0, text, "", (launcher_line(text),))

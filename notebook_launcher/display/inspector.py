@@ -24,11 +24,11 @@ import ipywidgets as widgets
 
 from ..schema.events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, TRIGGER
 from .logreader import Row
-from .logview import ALL, LEVELS, PAGE_SIZE, LogView, count, elapsed, levelno
+from .logview import ALL, LEVELS, MAX_SHOWN_CHARS, PAGE_SIZE, LogView, count, elapsed, levelno
+from .logview import cut as _cut
 
 __all__ = ["Row", "RunInspector"]
 
-MAX_SHOWN_CHARS = 2000  # a longer text (a progress bar redrawn with \r) is cut on the page; event(line) has it all
 _KIND_COLORS = {"stderr": "#b35900", FAILURE: "#c00000", EXIT: "#555", STATUS: "#555", LAUNCHER: "#1f5fa8",
                 OOM_RETRY: "#b35900", SHAPE_MISMATCH: "#c00000", TRIGGER: "#6a3d9a", PROGRESS: "#2e7d32"}
 _LEVEL_COLORS = {logging.WARNING: "#b35900", logging.ERROR: "#c00000", logging.CRITICAL: "#c00000"}
@@ -344,12 +344,6 @@ def _page_html(rows: list[Row], mark: re.Pattern | None, target_line: int | None
         parts.append(f'<tr><td colspan="5" style="color:#777;padding:6px">{empty}</td></tr>')
     parts.append("</table>")
     return "".join(parts)
-
-
-def _cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]} … ({len(text) - limit:,} more characters; inspector.event(line) has it all)"
 
 
 def _marked(text: str, mark: re.Pattern | None) -> str:

@@ -7,12 +7,14 @@ here: a script, a test or another frontend can read a run log the way the inspec
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, NamedTuple
 
 from ..schema.events import LOG, STREAM
-from .describe import describe, log_text
+from ..schema.runlog import RunFileLines, parse_record, read_summary
+from .describe import describe, log_text, stream_name
+
+__all__ = ["LogReader", "Row", "read_summary"]
 
 # Row fields by position, for the filters (index access is what keeps 100k rows fast).
 _RANK, _KIND, _LEVELNO, _TEXT, _DETAIL, _HAYSTACK = 2, 3, 5, 6, 7, 8
@@ -39,19 +41,32 @@ class Row(NamedTuple):
 class LogReader:
     """Reads events.jsonl from where it stopped last time (a running run's log grows), whole lines only.
 
+    Whoever wrote the folder, it is read with the bounds of ``schema.runlog``: only a regular file inside the run
+    folder (a link out of it, a FIFO or a device: nothing is read, ``refused`` says why), at most
+    ``MAX_LOG_BYTES`` (1 GB; then ``cut``), lines of at most ``MAX_RECORD_BYTES`` (16 MB). A line that is not a
+    record of the shape RunLog writes (not JSON, cut short by a crash, a list for ``kind``, a dict for ``rank``,
+    too long) is skipped and counted in ``malformed``; a time that is not a finite number reads as the time of
+    the row before.
+
     A line a rank redraws in place (a tqdm bar: ``stream`` events with ``"redraw": True``) is one row, its newest
     state: each state replaces the one before, and the line that ends it (same rank and stream) replaces the last.
     """
 
     def __init__(self, path: str):
         self.path = path
-        self.offset = 0  # bytes consumed: always just after a newline
-        self.lines = 0  # lines consumed
+        self._lines = RunFileLines(os.path.dirname(path) or ".", os.path.basename(path))
         self.events = 0  # lines that were events
-        self.unreadable = 0  # lines that were not JSON (a log cut short by a crash)
+        self.malformed = 0  # lines that were not records (a log cut short by a crash, or not ours): skipped
         self.start: float | None = None  # time of the first event
+        self._last_time = 0.0  # the time of the row before (for a record without a finite time)
         self.redrawn = 0  # redraw states replaced by a newer one (not rows)
         self._redraw_at: dict[tuple, int] = {}  # (rank, stream) -> line of its newest redraw state, still a row
+
+    offset = property(lambda self: self._lines.offset)  # bytes consumed
+    lines = property(lambda self: self._lines.lines)  # lines consumed
+    refused = property(lambda self: self._lines.refused)  # why events.jsonl is not read; "" when it is
+    cut = property(lambda self: self._lines.cut)  # True once MAX_LOG_BYTES were read and there is more
+    unreadable = property(lambda self: self.malformed)  # (its former name)
 
     def read_new(self) -> tuple[list[Row], set[int]]:
         """The rows of the lines written since the last read, and the lines of earlier rows that they replace
@@ -65,27 +80,17 @@ class LogReader:
 
     def _read_rows(self) -> list[Row]:
         self._stale: set[int] = set()
-        try:
-            with open(self.path, "rb") as source:
-                source.seek(self.offset)
-                chunk = source.read()
-        except FileNotFoundError:
+        first_number = self._lines.lines + 1
+        records = []
+        for line in self._lines.read():
+            record = parse_record(line)
+            if record is None and (line is None or line.strip()):
+                self.malformed += 1  # a line cut short when the kernel died, too long, or not ours
+            records.append(record)
+        if not records:
             return []
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
-        if not end:
-            return []
-        self.offset += end
-        lines = chunk[:end].decode("utf-8", errors="replace").split("\n")[:-1]
-        first_number = self.lines + 1
-        self.lines += len(lines)
-        loads = json.loads
         if self.start is None:  # the earliest of the first events (ranks' events arrive slightly out of order)
-            times = []
-            for line in lines[:1000]:
-                try:
-                    times.append(float(loads(line)["time"]))
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    pass
+            times = [record["time"] for record in records[:1000] if record is not None and record["time"] is not None]
             if times:
                 self.start = min(times)
         start = self.start or 0.0
@@ -93,37 +98,34 @@ class LogReader:
         append = rows.append
         make = tuple.__new__
         redraw_at = self._redraw_at
-        for number, line in enumerate(lines, first_number):
-            try:
-                record = loads(line)
-                rank, kind, data = record["rank"], record["kind"], record.get("data")
-                when = float(record["time"]) - start
-            except (ValueError, KeyError, TypeError, AttributeError):
-                if line.strip():
-                    self.unreadable += 1  # a line cut short when the kernel died, or not ours
+        last_time = self._last_time
+        for number, record in enumerate(records, first_number):
+            if record is None:
                 continue
+            rank, kind, data, when = record["rank"], record["kind"], record["data"], record["time"]
+            when = last_time if when is None else when - start
+            last_time = when
             self.events += 1
-            if kind == STREAM and type(data) is dict:  # the bulk of a big log, inline
+            if kind == STREAM:  # the bulk of a big log, inline
                 text = str(data.get("text", ""))
-                stream = data.get("stream") or "stdout"
+                stream = stream_name(data)
                 if redraw_at or data.get("redraw"):
                     self._redraw(rank, stream, number, bool(data.get("redraw")))
                 append(make(Row, (number, when, rank, stream, "", 0, text, "", text.lower())))
                 continue
-            if kind == LOG and type(data) is dict and "message" in data and not data.get("exc_text") \
+            if kind == LOG and "message" in data and not data.get("exc_text") \
                     and not data.get("stack") and type(data.get("levelno")) is int:
                 text = log_text(data.get("logger"), data["message"])
                 append(make(Row, (number, when, rank, LOG, str(data.get("level") or ""), data["levelno"], text, "",
                                   text.lower())))
                 continue
-            if data is None:
-                data = {}
-            described = describe(kind, data, rank) if isinstance(data, dict) else (str(kind), "", 0, str(data), "", ())
+            described = describe(kind, data, rank)
             if described is None:
                 continue
             kind_name, level, levelno, text, detail, _ = described
             haystack = f"{text}\n{detail}".lower() if detail else text.lower()
             append(make(Row, (number, when, rank, kind_name, level, levelno, text, detail, haystack)))
+        self._last_time = last_time
         return rows
 
     def _redraw(self, rank: Any, stream: str, line: int, is_redraw: bool) -> None:
@@ -134,13 +136,3 @@ class LogReader:
             self.redrawn += 1
         if is_redraw:
             self._redraw_at[key] = line
-
-
-def read_summary(run_dir: str) -> dict:
-    try:
-        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as source:
-            summary = json.load(source)
-        return summary if isinstance(summary, dict) else {}
-    except (OSError, ValueError):
-        return {}
-

@@ -13,7 +13,6 @@ use it as it is::
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import os
 import re
@@ -33,11 +32,13 @@ from ..schema.events import (
     STATUS,
     TRIGGER,
 )
+from ..schema.runlog import MAX_LOG_BYTES, MAX_RECORD_BYTES, RunFileLines, RunFileRefused, parse_record
 from .describe import first_line
 from .logreader import _DETAIL, _HAYSTACK, _KIND, _LEVELNO, _RANK, _TEXT, LogReader, Row, read_summary
 
 ALL = "all"
 PAGE_SIZE = 200
+MAX_SHOWN_CHARS = 2000  # a longer text (a progress bar redrawn with \r) is cut on the page; event(line) has it all
 LEVELS = (("all levels", 0), ("DEBUG", logging.DEBUG), ("INFO", logging.INFO), ("WARNING", logging.WARNING),
           ("ERROR", logging.ERROR), ("CRITICAL", logging.CRITICAL))
 KIND_ORDER = ("stdout", "stderr", LOG, FAILURE, EXIT, STATUS, RESULT, LAUNCHER, PROGRESS, SHAPE_MISMATCH, TRIGGER,
@@ -210,9 +211,10 @@ class LogView:
 
     @property
     def page_text(self) -> str:
-        """The rows of the page as plain text: ``line  time  [rank r]  kind  text``."""
+        """The rows of the page as plain text: ``line  time  [rank r]  kind  text``, each text cut at
+        ``MAX_SHOWN_CHARS`` (``event(line)`` has it all)."""
         return "\n".join(f"{row.line:>7}  {elapsed(row.time):>10}  [rank {row.rank}]  "
-                         f"{row.level or row.kind:<8}  {row.text}" for row in self.page_rows)
+                         f"{row.level or row.kind:<8}  {cut(row.text)}" for row in self.page_rows)
 
     def go_to_line(self, line: int) -> Row | None:
         """The page holding line ``line`` of events.jsonl, or the first line after it that the filters keep; that
@@ -256,11 +258,19 @@ class LogView:
         self.summary = summary
 
     def event(self, line: int) -> dict:
-        """The whole record at line ``line`` of events.jsonl (as RunLog wrote it)."""
-        with open(self.events_path, encoding="utf-8", errors="replace") as source:
-            for number, text in enumerate(source, 1):
-                if number == line:
-                    return json.loads(text)
+        """The whole record at line ``line`` of events.jsonl (as RunLog wrote it; NaN and infinities of older
+        logs as None). Read with the bounds the rows are read with: ``ValueError`` for a line that is not a
+        record (``malformed`` in the header), ``IndexError`` for a line the log does not have."""
+        lines = RunFileLines(self.run_dir)
+        for number, text in enumerate(lines.read(), 1):
+            if number == line:
+                record = parse_record(text)
+                if record is None:
+                    raise ValueError(f"line {line} of {self.events_path} is not a record of the run log (not "
+                                     f"JSON, or not of its shape, or over {MAX_RECORD_BYTES // 2**20} MB)")
+                return record
+        if lines.refused:
+            raise RunFileRefused(lines.refused)
         raise IndexError(f"events.jsonl of run {self.run_id} has no line {line}")
 
     @property
@@ -286,9 +296,13 @@ class LogView:
         if (summary.get("attempts") or 1) > 1:
             parts.append(f"{summary['attempts']} attempts")
         parts.append(count(reader.events, "event"))
-        if reader.unreadable:
-            parts.append(f"{count(reader.unreadable, 'unreadable line')}")
+        if reader.malformed:
+            parts.append(f"{count(reader.malformed, 'malformed record')} skipped")
+        if reader.cut:
+            parts.append(f"only the first {MAX_LOG_BYTES // 2**20:,} MB of events.jsonl read")
         text = "  ·  ".join(parts)
+        if reader.refused:
+            text += f"\nevents.jsonl not read: {reader.refused}"
         cause = summary.get("root_cause")
         if isinstance(cause, dict) and cause.get("type"):
             text += f"\nroot cause: rank {cause.get('rank')} {cause['type']}: {first_line(cause.get('message'))}"
@@ -317,6 +331,13 @@ def elapsed(seconds: float) -> str:
     minutes, seconds = divmod(seconds, 60)
     hours, minutes = divmod(int(minutes), 60)
     return f"{hours}:{minutes:02d}:{seconds:06.3f}" if hours else f"{minutes}:{seconds:06.3f}"
+
+
+def cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``text``, cut at ``limit`` characters with a note of what is left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} … ({len(text) - limit:,} more characters; event(line) has it all)"
 
 
 def count(number: int, noun: str) -> str:

@@ -8,11 +8,11 @@ live panel with its comm; elsewhere text): copy ``k`` of rank ``r`` is rank ``r 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 from ..schema.events import FAILURE, STATUS, Event
+from ..schema.runlog import RunFileLines, parse_record
 from .logreader import read_summary
 from .panel import PanelDisplay, wants_panel
 from .state import RunState
@@ -22,15 +22,14 @@ TICK_S = 0.05
 
 
 def read_events(run_dir: str) -> list[Event]:
+    """The run log's events, read with its bounds (``schema.runlog.RunFileLines``); a line that is not a
+    record (cut short when the run was killed) is left out: the rest still plays."""
     events = []
-    with open(os.path.join(run_dir, "events.jsonl"), encoding="utf-8") as source:
-        for line in source:
-            try:
-                record = json.loads(line)
-                events.append(Event(rank=int(record["rank"]), seq=int(record["seq"]), time=float(record["time"]),
-                                    kind=str(record["kind"]), data=record.get("data") or {}))
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short when the run was killed: the rest still plays
+    for line in RunFileLines(run_dir).read():
+        record = parse_record(line)
+        if record is not None:
+            events.append(Event(rank=record["rank"], seq=record.get("seq", 0), time=record["time"] or 0.0,
+                                kind=record["kind"], data=record["data"]))
     return events
 
 

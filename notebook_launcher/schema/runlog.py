@@ -1,12 +1,22 @@
-"""The run log on disk: one private folder per run (every event as JSON lines, and a summary), pruned."""
+"""The run log on disk: one private folder per run (every event as JSON lines, and a summary), pruned.
+
+What is written is strict JSON: a NaN or an infinity (a time, a figure a rank sent) is written as null. What is
+read back is read with bounds, whoever wrote the folder (``open_run_file``, ``RunFileLines``, ``parse_record``):
+only regular files inside the run's folder (never a link out of it, a FIFO or a device), at most
+``MAX_LOG_BYTES`` of events.jsonl, lines of at most ``MAX_RECORD_BYTES``, and records of the shape written here.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
+import stat
 import time
+import warnings
+from collections.abc import Iterator
 
 from .events import LOG, RECORD_KEYS, Event
 from .lines import LogRecords, StreamLines
@@ -16,9 +26,10 @@ RUN_ID = re.compile(r"\d{8}-\d{6}-\d+-[0-9a-f]{6}")
 KEEP_RUNS = 50
 # json's own C encoder, called directly (json.dumps makes a new encoder at every call): compact separators
 _markers: dict = {}  # (what json.dumps checks circular references with; emptied after a failed line)
+# (allow_nan False: a NaN or an infinity raises, and the line is written again with null in its place)
 _encode = json.encoder.c_make_encoder(_markers, str, json.encoder.encode_basestring_ascii, None, ":", ",", False,
-                                      False, True) if json.encoder.c_make_encoder else json.JSONEncoder(
-    default=str, separators=(",", ":")).iterencode
+                                      False, False) if json.encoder.c_make_encoder else json.JSONEncoder(
+    default=str, separators=(",", ":"), allow_nan=False).iterencode
 _string = json.encoder.encode_basestring_ascii
 _STREAMS = {"stdout": '"stdout"', "stderr": '"stderr"'}
 
@@ -85,7 +96,7 @@ class RunLog:
 
     def write_summary(self, summary: dict) -> None:
         with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
-            json.dump(summary, out, indent=2, default=str)
+            json.dump(_plain(summary), out, indent=2, default=str, allow_nan=False)
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -101,16 +112,16 @@ def _line(event: Event) -> str:
         return (f'{{"rank":{int(event.rank)},"seq":{int(event.seq)},"time":{_number(event.time)},'
                 f'"kind":{_string(str(event.kind))},"data":{"".join(_encode(event.data, 0))}'
                 + (f',"attachment_bytes":{len(event.attachment)}}}\n' if event.attachment else "}\n"))
-    except (TypeError, ValueError):  # data JSON cannot hold as it is (keys that are not strings, from a rank)
+    except (TypeError, ValueError):  # data JSON cannot hold as it is (keys that are not strings, NaN, from a rank)
         _markers.clear()
-        return json.dumps(_plain(event.to_json()), default=str) + "\n"
+        return json.dumps(_plain(event.to_json()), default=str, allow_nan=False) + "\n"
 
 
 def _record_line(rank: int, seq: int, frame: tuple) -> str:
     """``_line`` of a get_logger record from its record frame (``LogRecords``: its types checked when it was
     read), written field by field: the JSON encoder's walk was 40% of the kernel's time for a record in a flood."""
     _, when, level, levelno, logger, message, file, line, function, created, worker_seq = frame
-    if when - when != 0 or created - created != 0:  # NaN or an infinity: as json writes them
+    if when - when != 0 or created - created != 0:  # NaN or an infinity: written as null
         return _line(Event(rank, seq, when, LOG, dict(zip(RECORD_KEYS, frame[2:]))))
     return (f'{{"rank":{rank},"seq":{seq},"time":{when!r},"kind":"log","data":{{'
             f'"level":{_string(level)},"levelno":{levelno},"logger":{_string(logger)},"message":{_string(message)},'
@@ -120,22 +131,187 @@ def _record_line(rank: int, seq: int, frame: tuple) -> str:
 
 def _number(value) -> str:
     value = float(value)
-    return repr(value) if value - value == 0 else json.dumps(value)  # NaN and infinities as json writes them
+    return repr(value) if value - value == 0 else "null"  # NaN and infinities: null (strict JSON)
 
 
 def _plain(value):
-    """``value`` with every dict key made a string, so that it can be written as JSON."""
+    """``value`` as strict JSON can hold it: every dict key a string, NaN and infinities None."""
     if isinstance(value, dict):
         return {str(key): _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 
+# -- reading a run folder back, whoever wrote it ------------------------------------------------------------------
+MAX_LOG_BYTES = 2**30  # readers read at most this much of events.jsonl (and say so when they stop there)
+MAX_RECORD_BYTES = 16 * 2**20  # a longer line of events.jsonl is skipped, counted as malformed (a rank's line
+# is cut at 8 MB before it is written: decoding.LineSplitter)
+MAX_SUMMARY_BYTES = 16 * 2**20  # a larger run.json is not read
+_READ_CHUNK = 2**20
+
+
+class RunFileRefused(OSError):
+    """A file of a run folder that readers do not read: a link out of the folder, a FIFO, a device, a socket."""
+
+
+def open_run_file(run_dir: str, name: str):
+    """``run_dir/name`` opened for reading in binary, only if it is a regular file whose real path lies inside
+    the run folder (a link inside the folder is followed, one out of it is not). Never blocks: a FIFO or a
+    device is refused without being read. Raises ``FileNotFoundError``, or ``RunFileRefused`` saying why."""
+    folder = os.path.realpath(run_dir)
+    path = os.path.join(run_dir, name)
+    real = os.path.realpath(path)
+    if os.path.commonpath([folder, real]) != folder:
+        raise RunFileRefused(f"{path} is a link out of the run folder (to {real}): not read")
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise RunFileRefused(f"{path} cannot be opened ({exc.strerror or exc}): not read") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a file")
+        raise RunFileRefused(f"{path} is {what}, not a regular file: not read")
+    return os.fdopen(fd, "rb")
+
+
+class RunFileLines:
+    """The whole lines of a run folder's file (events.jsonl), read from where the last read stopped (a running
+    run's log grows), with bounds: at most ``MAX_LOG_BYTES`` in all (then ``cut`` is True), a line longer than
+    ``MAX_RECORD_BYTES`` skipped without being held (``None`` in its place, counted in ``oversized``), a line
+    still being written left for the next read. ``refused``: why the file is not read (``open_run_file``)."""
+
+    def __init__(self, run_dir: str, name: str = "events.jsonl"):
+        self.run_dir, self.name = run_dir, name
+        self.offset = 0  # bytes consumed: always just after a newline (or inside a line being skipped)
+        self.lines = 0  # lines consumed
+        self.oversized = 0
+        self.cut = False
+        self.refused = ""
+        self._skipping = False  # inside a line over the bound, to its end
+
+    def read(self) -> Iterator[bytes | None]:
+        """The lines (without their newline) written since the last read; None for a line over the bound."""
+        try:
+            source = open_run_file(self.run_dir, self.name)
+        except FileNotFoundError:
+            return
+        except RunFileRefused as exc:
+            self.refused = str(exc)
+            return
+        self.refused = ""
+        with source:
+            source.seek(self.offset)
+            budget = MAX_LOG_BYTES - self.offset
+            pending = b""
+            while budget > 0:
+                chunk = source.read(min(_READ_CHUNK, budget))
+                if not chunk:
+                    break
+                budget -= len(chunk)
+                data, start = pending + chunk, 0
+                if self._skipping:
+                    newline = data.find(b"\n")
+                    if newline < 0:
+                        self.offset += len(data)
+                        pending = b""
+                        continue
+                    self.offset += newline + 1
+                    start, self._skipping = newline + 1, False
+                end = data.rfind(b"\n") + 1
+                if end > start:
+                    for line in data[start:end - 1].split(b"\n"):
+                        self.lines += 1
+                        if len(line) > MAX_RECORD_BYTES:
+                            self.oversized += 1
+                            yield None
+                        else:
+                            yield line
+                    self.offset += end - start
+                    start = end
+                pending = data[start:]
+                if len(pending) > MAX_RECORD_BYTES:  # a line over the bound: skipped to its end, never held
+                    self.lines += 1
+                    self.oversized += 1
+                    self.offset += len(pending)
+                    pending, self._skipping = b"", True
+                    yield None
+            if budget <= 0 and source.read(1):
+                self.cut = True
+
+
+_decoder = json.JSONDecoder(parse_constant=lambda _name: None)  # NaN, Infinity (older logs): None
+
+
+def parse_record(line: bytes | str | None) -> dict | None:
+    """One line of events.jsonl as a record of the shape ``RunLog`` writes (``rank`` and ``seq`` ints, ``kind`` a
+    string, ``time`` a finite number or None, ``data`` a dict), or None for a line that is not one."""
+    if not line:
+        return None
+    try:
+        record = _decoder.decode(line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line)
+    except (ValueError, RecursionError):
+        return None
+    if type(record) is not dict or type(record.get("rank")) is not int or type(record.get("kind")) is not str:
+        return None
+    if type(record.get("seq", 0)) is not int:
+        return None
+    data, when = record.get("data"), record.get("time")
+    if data is None:
+        record["data"] = {}
+    elif type(data) is not dict:
+        return None
+    if type(when) not in (int, float) or not math.isfinite(when):
+        if when is not None and type(when) not in (int, float):
+            return None
+        record["time"] = None
+    return record
+
+
 def read_run_log(path: str) -> list[dict]:
-    """The events of a past run, as written (for reading a run after the fact)."""
-    with open(os.path.join(path, "events.jsonl"), encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+    """The events of a past run, as written (for reading a run after the fact), read with the bounds of
+    ``RunFileLines``; NaN and infinities of older logs read as None. A line that is not a record of the shape
+    ``RunLog`` writes is skipped, with a warning that counts them; a file that is not read raises
+    ``RunFileRefused`` (a link out of the folder, a FIFO, a device) or ``FileNotFoundError``."""
+    lines = RunFileLines(path)
+    records, malformed = [], 0
+    for line in lines.read():
+        record = parse_record(line)
+        if record is not None:
+            records.append(record)
+        elif line is None or line.strip():
+            malformed += 1
+    if lines.refused:
+        raise RunFileRefused(lines.refused)
+    if not os.path.lexists(os.path.join(path, "events.jsonl")):
+        raise FileNotFoundError(f"{path} has no events.jsonl: not a run log folder")
+    if malformed or lines.cut:
+        warnings.warn(f"read_run_log({path!r}): {malformed} malformed records skipped"
+                      + (f"; only the first {MAX_LOG_BYTES // 2**20} MB read" if lines.cut else ""), stacklevel=2)
+    return records
+
+
+def read_summary(run_dir: str) -> dict:
+    """run.json of a run folder, read with bounds (``open_run_file``, ``MAX_SUMMARY_BYTES``); {} when there is
+    none yet or it is not a summary."""
+    try:
+        with open_run_file(run_dir, "run.json") as source:
+            raw = source.read(MAX_SUMMARY_BYTES + 1)
+    except OSError:
+        return {}
+    if len(raw) > MAX_SUMMARY_BYTES:
+        return {}
+    try:
+        summary = _decoder.decode(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 PRUNE_MIN_AGE_S = 600  # a run folder younger than this is never pruned (it may belong to a run in progress)
