@@ -4,30 +4,15 @@ of the wrong type is a plain ``TypeError``, an unwritable run log folder an ``OS
 Each also subclasses the built-in a user would expect (a bad argument is a ``ValueError``, a timeout a
 ``TimeoutError``), so existing ``except`` clauses keep working. The messages are written where the error is
 raised; the classes only carry what a caller may want to inspect (the ``Run``, the root-cause rank).
+``DistributedOperationException``, which ranks raise, is one of them too (the base lives in ``schema/errors.py``,
+which the rank side may import).
 """
 
 from __future__ import annotations
 
-import os
-import traceback
-
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-class NotebookLauncherError(Exception):
-    """Base of notebook_launcher's own errors."""
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows for this error: the notebook's own frames down to the call, then the message. The
-        launcher's frames add nothing to the story (IPython would still show the one that raised); a plain
-        ``traceback.print_exc()`` or the run log has them all."""
-        frames = [frame for frame in traceback.extract_tb(self.__traceback__)
-                  if not frame.filename.startswith(_PACKAGE_DIR)]
-        text = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
-                        *traceback.format_exception_only(type(self), self)])
-        return text.rstrip("\n").split("\n")
+from .schema.errors import NotebookLauncherError
 
 
 class LaunchArgumentError(NotebookLauncherError, ValueError):

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..schema.errors import NotebookLauncherError
 from ..schema.events import SHAPE_MISMATCH, TRUE_VALUES
 from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
 from .carry import can_finish_from_carried, finish_from_carried
@@ -57,7 +58,7 @@ class _Worker(NamedTuple):
 _worker = _Worker()  # set only by connect()
 
 
-class DistributedOperationException(Exception):
+class DistributedOperationException(NotebookLauncherError):
     """Ranks called a collective with different shapes, dtypes or operations (raised on every rank)."""
 
 
