@@ -58,7 +58,9 @@ def notebook_launcher(
     - ``start_method``: ``"auto"`` forks when safe (fast; the workers inherit the notebook's state) and spawns
       otherwise (CUDA already initialized in this kernel, or no fork on this platform), sending the function and
       args with cloudpickle; it prints one line saying which and why. ``"fork"``/``"spawn"`` force it.
-    - ``device``: ``"auto"`` (CUDA GPUs if any, one rank per GPU, else CPU), ``"cpu"``, ``"cuda"``, ``"xla"``.
+    - ``device``: ``"auto"`` (CUDA GPUs if any, one rank per GPU, else CPU), ``"cpu"``, ``"cuda"``, ``"xla"``
+      (a TPU host's devices, or PJRT's CPU device, one rank each through torch_xla's ``xmp.spawn``;
+      ``num_processes`` may be left out: it is the device count).
     - ``backend``: ``"auto"`` (nccl on CUDA, gloo on CPU) or a torch.distributed backend name.
     - ``timeout``: seconds; a run still going after it is stopped and a ``LaunchTimeoutError`` shows where every
       rank was (its collective, call site and Python stacks) and which rank diverged. With or without a
