@@ -51,7 +51,7 @@ class RankDemux:
     def __init__(self, rank: int, sinks=result_sinks):
         self.rank = rank
         self.seq = 0
-        self._decoder = FrameDecoder(sinks, refused_kinds=KERNEL_ONLY_KINDS)
+        self._decoder = FrameDecoder(sinks, refused_kinds=KERNEL_ONLY_KINDS, rank_pipe=True)
         self._broken_reported = False
         self._fd_lines: dict[str, LineSplitter] = {stream: LineSplitter() for stream in STREAMS}
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
