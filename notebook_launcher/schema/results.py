@@ -92,11 +92,42 @@ def _storage_pickler():
             def persistent_id(self, obj):
                 return _storage_id(obj, self._storages, self._index)
 
+            def reducer_override(self, obj):
+                if _kernel_main and _in_kernel_main(obj):
+                    return NotImplemented  # by reference: the kernel's unpickling finds its own class
+                return super().reducer_override(obj)
+
         _StoragePickler = StoragePickler
     return _StoragePickler
 
 
 _StoragePickler = None
+_kernel_main: dict = {}  # a forked rank: the names of the kernel's __main__ (the notebook's) as it forked
+
+
+def inherit_kernel_main() -> None:
+    """In a rank forked from the kernel: its ``__main__`` is the notebook's, inherited. A class (or function) of
+    it in the result is then pickled by reference, as ``__main__.Name``, so the kernel unpickles it as its own
+    class (``isinstance`` and ``==`` hold); cloudpickle would pickle it by value, as a new class. (Under spawn,
+    cloudpickle's own tracking of the classes the kernel sent by value does the same.)"""
+    main = sys.modules.get("__main__")
+    _kernel_main.clear()
+    if main is not None:
+        _kernel_main.update(vars(main))
+
+
+def _in_kernel_main(obj) -> bool:
+    """``obj`` is a class or function of the notebook as the kernel has it: the same object, under its name, in
+    the kernel's __main__ at the fork and in this rank's __main__ now."""
+    if not isinstance(obj, type) and type(obj).__name__ != "function":
+        return False
+    if getattr(obj, "__module__", None) != "__main__" or "<locals>" in getattr(obj, "__qualname__", "<locals>"):
+        return False
+    first, *rest = obj.__qualname__.split(".")
+    inherited, now = _kernel_main.get(first), getattr(sys.modules.get("__main__"), first, None)
+    for name in rest:
+        inherited, now = getattr(inherited, name, None), getattr(now, name, None)
+    return inherited is obj and now is obj
 
 
 def prepare() -> None:
