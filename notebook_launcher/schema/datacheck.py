@@ -66,25 +66,45 @@ def _str_keys(value) -> bool:
 
 
 def _fits(spec, value) -> bool:
+    test = _TESTS.get(id(spec))
+    if test is None:
+        test = _TESTS[id(spec)] = _test_of(spec)
+        _KEPT.append(spec)  # (its id stays its own)
+    return test(value)
+
+
+_TESTS: dict = {}
+_KEPT: list = []
+
+
+def _finite(value) -> bool:
+    kind = type(value)
+    return kind is int or kind is float and value - value == 0
+
+
+def _test_of(spec):
+    """A predicate for ``spec``, made once: a field's check is one call (a progress event a step is cheap)."""
     kind = type(spec)
     if kind is type:
-        return type(value) is spec
+        return lambda value: type(value) is spec
     if spec is NUMBER:
-        kind = type(value)
-        return kind is int or kind is float and value - value == 0
+        return _finite
     if spec is None:
-        return value is None
+        return lambda value: value is None
     if kind is tuple:
-        return any(_fits(each, value) for each in spec)
+        plain = frozenset(type(None) if each is None else each for each in spec if each is None or type(each) is type)
+        others = [_test_of(each) for each in spec if not (each is None or type(each) is type)]
+        return lambda value: type(value) in plain or any(test(value) for test in others)
     if kind is ListOf:
-        return type(value) in (list, tuple) and len(value) <= spec.most and all(_fits(spec.item, each)
-                                                                                 for each in value)
+        item, most = _test_of(spec.item), spec.most
+        return lambda value: type(value) in (list, tuple) and len(value) <= most and all(map(item, value))
     if kind is MapOf:
-        return type(value) is dict and len(value) <= spec.most and all(
-            type(key) is str and _fits(spec.value, each) for key, each in value.items())
+        item, most = _test_of(spec.value), spec.most
+        return lambda value: type(value) is dict and len(value) <= most and all(
+            type(key) is str for key in value) and all(map(item, value.values()))
     if kind is OneOf:
-        return type(value) is str and value in spec.values
-    return type(value) is dict and not _fields_problem(spec, value, "")
+        return lambda value: type(value) is str and value in spec.values
+    return lambda value: type(value) is dict and not _fields_problem(spec, value, "")
 
 
 def _why(spec, value, path: str) -> str:
