@@ -118,6 +118,10 @@ def notebook_launcher(
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
+    if isinstance(display, type):
+        raise LaunchArgumentError(
+            f"display={display.__name__} is a class: pass an instance, display={display.__name__}(...), or one of "
+            f"{', '.join(map(repr, DISPLAYS))}")
     if not (display in DISPLAYS if isinstance(display, str) else is_display(display)):
         raise LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "

@@ -224,12 +224,32 @@ def parse_memory_limit(value) -> int:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
         if not match or match.group(2).upper() not in _UNITS:
             raise LaunchArgumentError(f"memory_limit={value!r} is not a size: write bytes or e.g. '3GB', '512MB'")
-        amount = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        number = float(match.group(1)) * _UNITS[match.group(2).upper()]
+        amount = int(number) if number < 2**64 else 2**64  # (the most is checked below)
     else:
         raise TypeError(f"memory_limit must be bytes (an int) or a string such as '3GB', got {type(value).__name__}")
     if amount < 64 * 2**20:
         raise LaunchArgumentError(f"memory_limit={value!r} is below 64 MB: a worker with torch loaded needs more")
+    machine = _machine_memory()
+    if machine and amount > machine:
+        raise LaunchArgumentError(
+            f"memory_limit={value!r} is more than this machine's memory ({machine / 2**30:.1f} GiB of RAM and swap),"
+            f" so it would limit nothing: give at most {machine / 2**30:.1f} GiB (e.g. "
+            f"memory_limit=\"{max(1, int(machine / 2**30 / 2))}GB\" per worker), or None for no limit")
     return amount
+
+
+def _machine_memory() -> int:
+    """This machine's RAM and swap in bytes (0 if unknown)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            sizes = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo if ":" in line}
+        return sizes.get("MemTotal", 0) + sizes.get("SwapTotal", 0)
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return 0
 
 
 def _choice(name: str, value, choices) -> str:

@@ -118,6 +118,24 @@ def test_a_monitor_interval_over_a_minute_is_refused(value):
     no_children_left()
 
 
+def test_a_display_class_instead_of_an_instance_is_refused_before_any_worker_starts(runs_dir):
+    from notebook_launcher.display import TextDisplay
+
+    with pytest.raises(LaunchArgumentError, match=r"display=TextDisplay is a class: pass an instance, "
+                                                  r"display=TextDisplay\(\.\.\.\), or one of 'auto', 'panel', 'text'"):
+        notebook_launcher(returns_rank, num_processes=2, device="cpu", display=TextDisplay)
+    assert not runs_dir.exists() or not list(runs_dir.iterdir())  # nothing started, nothing logged
+    no_children_left()
+
+
+@pytest.mark.parametrize("value", [2**70, "99999999999999999999TB", "9" * 400 + "GB"])
+def test_a_memory_limit_beyond_the_machine_is_refused_naming_its_memory(value):
+    with pytest.raises(LaunchArgumentError, match=r"memory_limit=.* is more than this machine's memory \([0-9.]+ "
+                                                  r"GiB of RAM and swap\), so it would limit nothing: give at most"):
+        notebook_launcher(returns_rank, num_processes=2, device="cpu", memory_limit=value)
+    no_children_left()
+
+
 # -- 6: a corrupt event stream ------------------------------------------------------------------------------------
 def write_on_the_event_pipe(garbage: bytes):
     import torch.distributed as dist
@@ -143,6 +161,8 @@ GARBAGE = {
     "attachment on a log": encode_frame(1, 9, "log", {"message": "x"}, b"abc"),
     "a negative pickle length": encode_frame(1, 9, "result", {"pickle_bytes": -1, "storages": [11]}, b"x" * 10),
     "an exit only the kernel makes": encode_frame(1, 9, "exit", {"exit_code": 0}),
+    "a NaN time": raw_frame({"rank": 1, "seq": 1, "time": float("nan"), "kind": "log", "data": {"message": "x"}}),
+    "a kind of no event": encode_frame(1, 9, "no_such_kind", {"text": "x"}),
 }
 
 
@@ -161,17 +181,22 @@ def test_a_corrupt_frame_fails_that_rank_clearly_and_keeps_every_line_before_it(
 def emits_data_json_cannot_hold():
     import torch.distributed as dist
 
+    print("before the frame")
     sys.stdout._channel.emit("progress", {"step": 1, (1, 2): {3: "three"}})  # keys JSON cannot hold
     dist.barrier()
     return "fine"
 
 
-def test_an_event_whose_data_json_cannot_hold_is_logged_all_the_same():
-    assert notebook_launcher(emits_data_json_cannot_hold, num_processes=2, device="cpu", display="panel") == "fine"
+def test_an_event_whose_data_json_cannot_hold_fails_that_rank_clearly_and_the_run_log_stays_json():
+    with pytest.raises(RankFailedError, match=r"CorruptEventStream: rank \d wrote bytes on its event pipe that are "
+                                              r"not an event \(a 'progress' event whose data has a key that is not "
+                                              r"a str\)"):
+        notebook_launcher(emits_data_json_cannot_hold, num_processes=2, device="cpu", display="panel")
     from notebook_launcher.schema.runlog import read_run_log
 
-    weird = [event for event in read_run_log(last_run().run_dir) if event["kind"] == "progress"]
-    assert [event["data"]["(1, 2)"] for event in weird] == [{"3": "three"}] * 2
+    events = list(read_run_log(last_run().run_dir))
+    assert not [event for event in events if event["kind"] == "progress"]
+    assert "before the frame" in [event["data"].get("text") for event in events if event["kind"] == "stream"]
     no_children_left()
 
 

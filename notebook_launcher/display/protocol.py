@@ -48,5 +48,6 @@ class FinishingDisplay(Display, Protocol):
 
 
 def is_display(obj: Any) -> bool:
-    """True if ``obj`` has what the launcher calls on a display (``show``, ``note``, ``tick``, ``retarget``)."""
-    return not isinstance(obj, str) and isinstance(obj, Display)
+    """True if ``obj`` has what the launcher calls on a display (``show``, ``note``, ``tick``, ``retarget``): an
+    instance (a display's class has them too, as functions that want an instance)."""
+    return not isinstance(obj, (str, type)) and isinstance(obj, Display)

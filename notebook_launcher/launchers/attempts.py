@@ -101,7 +101,8 @@ class Attempts:
             return
         try:
             self.run.results[event.rank] = unpack_result(event.data, event.attachment)
-        except Exception as exc:  # noqa: BLE001 - keep supervising; the launch raises it once every rank is done
+        except (Exception, KeyboardInterrupt, SystemExit) as exc:  # noqa: BLE001 - keep supervising; the launch
+            # raises it once every rank is done (an interrupt now is the pickle's own: Ctrl-C waits for the loop)
             self.run.results_unavailable[event.rank] = (str(event.data.get("type")), f"{type(exc).__name__}: {exc}")
 
     # -- between attempts -------------------------------------------------------------------------------------

@@ -70,13 +70,16 @@ def report_failure(events, exc: BaseException, exit_code: int, message: str | No
 
 
 def to_cpu(value):
-    """Tensors in the result come back on the CPU, so the kernel never touches a device. A device tensor's
-    copy is referenced only by the value returned here: ``pack_result``'s byte views keep it alive."""
+    """Tensors in the result come back on the CPU, so the kernel never touches a device, with their
+    ``requires_grad`` (a Parameter as a Parameter). A device tensor's copy is referenced only by the value
+    returned here: ``pack_result``'s byte views keep it alive."""
     torch = sys.modules.get("torch")
     if torch is None:
         return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+    if isinstance(value, torch.nn.Parameter):  # a Parameter stays one, with its requires_grad
+        return torch.nn.Parameter(value.detach().cpu(), requires_grad=value.requires_grad)
+    if isinstance(value, torch.Tensor):  # (as a leaf: the graph behind it stays in the rank)
+        return value.detach().cpu().requires_grad_(value.requires_grad)
     if isinstance(value, dict):
         clone = copy.copy(value)  # keeps a state_dict's _metadata
         for key, item in value.items():

@@ -28,6 +28,7 @@ import time
 from ..schema.events import STATUS, EventWriter, WorkerSpec
 from ..schema.proctree import become_subreaper, die_with_parent, end_own_descendants
 from ..schema.progress_record import ProgressRecord
+from ..schema.results import inherit_kernel_main
 from . import balance_meter
 from .accelerate_state import prepare_accelerate
 from .logging import install_event_logging
@@ -45,6 +46,7 @@ def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None
     try:
         os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
         _reset_multiprocessing_after_fork()
+        inherit_kernel_main()  # the notebook's classes in a result come back as the notebook's
         for fd in inherited_fds_to_close:
             try:
                 os.close(fd)

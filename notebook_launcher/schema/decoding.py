@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import marshal
 
+from .datacheck import bounds_problem, data_problem
 from .events import FRAME_HEADER, LOG, LOG_FRAME, RESULT, Event
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
@@ -26,15 +27,19 @@ class FrameDecoder:
     Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
     ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises.
     A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
-    buffers that ``sinks`` gives for it (by default one bytearray), so a large result is copied once, not grown
-    and copied again. ``refused_kinds``: kinds that only the kernel makes (a rank's pipe may not carry them).
+    buffers that ``sinks`` gives for it (by default one bytearray; a size instead of a buffer: the attachment's
+    ``part(index)`` makes it when its first byte arrives), so a large result is copied once, not grown and copied
+    again. ``refused_kinds``: kinds that only the kernel makes (a rank's pipe may not carry them);
+    ``rank_pipe``: each event's data is checked against its kind's table too (``datacheck``), and a kind without
+    one is refused.
     """
 
-    def __init__(self, sinks=None, refused_kinds=()):
+    def __init__(self, sinks=None, refused_kinds=(), rank_pipe=False):
         self._buffer = bytearray()
         self._at = 0  # where the next frame starts in _buffer (the consumed part is dropped once per feed)
         self._sinks = sinks or _one_bytearray
         self._refused = frozenset(refused_kinds)
+        self._rank_pipe = rank_pipe
         self._header: dict | None = None  # a checked header whose attachment is still arriving
         self._parts: list = []  # writable memoryviews the attachment fills, in order
         self._filling = 0  # index into _parts
@@ -75,7 +80,7 @@ class FrameDecoder:
     def _small_frames(self, frames: list) -> None:
         """The frames without an attachment at the front of the buffer (every log line and print), in one tight
         loop; it stops at anything else (an attachment, an incomplete or a bad frame) for ``_next_header``."""
-        buffer, at, refused = self._buffer, self._at, self._refused
+        buffer, at, refused, rank_pipe = self._buffer, self._at, self._refused, self._rank_pipe
         size, unpack, loads, total = FRAME_HEADER.size, FRAME_HEADER.unpack_from, marshal.loads, len(buffer)
         with memoryview(buffer) as view:
             while total - at >= size:
@@ -87,7 +92,7 @@ class FrameDecoder:
                     header = loads(view[at + size:end])
                 except (ValueError, EOFError, TypeError):
                     break  # (_next_header says why)
-                check_header(header, 0, refused)
+                check_header(header, 0, refused, rank_pipe)
                 frames.append((header, b""))
                 at = end
         self._at = at
@@ -107,14 +112,14 @@ class FrameDecoder:
             header = marshal.loads(memoryview(self._buffer)[at + FRAME_HEADER.size:end])
         except (ValueError, EOFError, TypeError) as exc:
             raise CorruptFrame(f"an undecodable frame header ({exc})") from None
-        check_header(header, attachment_len, self._refused)
+        check_header(header, attachment_len, self._refused, self._rank_pipe)
         attachment, parts = b"", []
         if attachment_len:
             try:
                 attachment, parts = self._sinks(header, attachment_len)
             except Exception as exc:  # noqa: BLE001 - whatever the header made the sinks refuse
                 raise CorruptFrame(f"no room for an attachment of {attachment_len} bytes ({exc})") from None
-            if sum(part.nbytes for part in parts) != attachment_len:
+            if sum(part if type(part) is int else part.nbytes for part in parts) != attachment_len:
                 raise CorruptFrame(f"an attachment of {attachment_len} bytes that does not match its header")
         self._at = end
         self._header, self._attachment, self._parts, self._pending = header, attachment, parts, attachment_len
@@ -131,6 +136,8 @@ class FrameDecoder:
         """Copy bytes of the current attachment from ``view``; returns what is left of ``view``."""
         while self._pending and view.nbytes:
             part = self._parts[self._filling]
+            if type(part) is int:  # a part the sinks make when its first byte arrives (results.ResultParts)
+                part = self._parts[self._filling] = self._make_part(part)
             take = min(part.nbytes - self._filled, view.nbytes)
             part[self._filled:self._filled + take] = view[:take]
             view = view[take:]
@@ -139,6 +146,12 @@ class FrameDecoder:
             if self._filled == part.nbytes:
                 self._filling, self._filled = self._filling + 1, 0
         return view
+
+    def _make_part(self, size: int) -> memoryview:
+        try:
+            return self._attachment.part(self._filling)
+        except Exception as exc:  # noqa: BLE001 - whatever the header made the sinks refuse
+            raise CorruptFrame(f"no room for a part of {size} bytes of an attachment ({exc})") from None
 
     def _take(self) -> tuple[dict, object]:
         frame = (self._header, self._attachment)
@@ -176,7 +189,7 @@ def _one_bytearray(header: dict, length: int):
 _HEADER_TYPES = {"rank": int, "seq": int, "kind": str, "data": dict}
 
 
-def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None:
+def check_header(header, attachment_len: int, refused_kinds=frozenset(), rank_pipe: bool = False) -> None:
     """What the kernel relies on in a header: a text frame's (stream, text), a record frame's time and values (of
     ``RECORD_TYPES``), or a dict with an int rank and seq, a number time, a str kind, a dict of data; an attachment
     only where the schema has one (a result, of the size it says); no kind that only the kernel makes."""
@@ -201,16 +214,26 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset()) -> None
             if type(get(key)) is not expected and not (key == "time" and type(get(key)) is int):
                 raise CorruptFrame(f"a frame header whose {key!r} is {type(get(key)).__name__}")
     if not _within_bounds(header):
-        raise CorruptFrame(f"a {header['kind']!r} event with an int beyond 64 bits, or nested more than "
-                           f"{MAX_NESTING} deep")
+        raise CorruptFrame(bounds_problem(header["kind"], header["data"], MAX_NESTING, _INT_BOUND))
     if header["kind"] in refused_kinds:
         raise CorruptFrame(f"a {header['kind']!r} event, which only the kernel makes")
+    if rank_pipe:  # every kind a rank may send has its table (events.DATA_SCHEMA)
+        if header["time"] - header["time"] != 0:
+            raise CorruptFrame(f"a {header['kind']!r} event whose time is {header['time']!r}")
+        problem = data_problem(header["kind"], header["data"])
+        if problem:
+            raise CorruptFrame(problem)
     if attachment_len and header["kind"] != RESULT:
         raise CorruptFrame(f"an attachment of {attachment_len} bytes on a {header['kind']!r} event")
     if header["kind"] == RESULT:
         _check_result_layout(header["data"], attachment_len)
     elif header["kind"] == LOG:
         _check_in_order(header["data"])
+
+
+def _cut(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def _within_bounds(value, depth: int = 0) -> bool:
@@ -243,20 +266,21 @@ def _within_bounds(value, depth: int = 0) -> bool:
 def _check_in_order(data: dict) -> None:
     """A log record's ``in_order`` (the kernel orders records by it) is a call count: an int from 1."""
     if "in_order" in data and (type(data["in_order"]) is not int or data["in_order"] < 1):
-        raise CorruptFrame(f"a log record whose in_order is {data['in_order']!r}, not a count from 1")
+        raise CorruptFrame(f"a 'log' event whose 'in_order' is {_cut(data['in_order'])}, not a count from 1")
 
 
 def _check_result_layout(data: dict, attachment_len: int) -> None:
     """A result's attachment is what its data says: the pickle, then the storages (results.py), to the byte."""
     if data.get("attachment_bytes", attachment_len) != attachment_len:
-        raise CorruptFrame(f"a result whose attachment is {attachment_len} bytes, not the "
-                           f"{data.get('attachment_bytes')} it says")
+        raise CorruptFrame(f"a 'result' event whose attachment is {attachment_len} bytes, not the "
+                           f"'attachment_bytes' {_cut(data.get('attachment_bytes'))} it says")
     if "storages" not in data and "pickle_bytes" not in data:
         return  # one pickle (an older agent's result)
     sizes, pickled = data.get("storages"), data.get("pickle_bytes")
     if not (type(sizes) is list and type(pickled) is int and pickled >= 0
             and all(type(size) is int and size > 0 for size in sizes) and pickled + sum(sizes) == attachment_len):
-        raise CorruptFrame("a result whose pickle and storage sizes do not add up to its attachment")
+        raise CorruptFrame(f"a 'result' event whose 'pickle_bytes' and 'storages' (sizes from 1) do not add up "
+                           f"to its attachment of {attachment_len} bytes")
 
 
 class LineSplitter:

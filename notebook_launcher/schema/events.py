@@ -15,6 +15,12 @@ reported by the reader, not silently dropped.
 
 Kinds of events
 ---------------
+Below, each kind's data in words; ``DATA_SCHEMA`` is the same as a table, field by field, which the kernel checks
+every event a rank sends against as it reads it (``decoding.check_data``): a field of the wrong type, a required
+one missing, NaN or an infinity where a number is expected, a list or dict beyond its bound, a key that is not
+a str, or a kind without a table there ends that rank's stream as one ``CorruptEventStream`` failure, which
+names the kind and the field. Fields a table does not name pass through unread (the run log keeps them).
+
 ``status``   data: ``{"state": "starting" | "running" | "finished" | "failed"}``, with ``pid`` and ``local_rank``
              when starting and ``exit_code`` when finished or failed
 ``stream``   data: ``{"stream": "stdout" | "stderr", "text": <one line without its newline>}`` (made by the kernel:
@@ -111,6 +117,71 @@ NODE_ERROR_EVENT = "node_error"  # data {"type", "message", "traceback"}: the la
 # never on a rank's own event pipe: the kernel (or an agent) makes these
 KERNEL_ONLY_KINDS = (STREAM, EXIT, LAUNCHER, OOM_RETRY, RESTART, HANG_NOTICE, AGENT_EVENT, NOTE_EVENT,
                      NODE_ERROR_EVENT)
+
+
+# -- the data of each kind a rank sends, as the kernel checks it (decoding.check_data) ------------------------------
+NUMBER = "number"  # an int, or a float that is neither NaN nor infinite (never a bool)
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A list (or tuple) of at most ``most`` items, each of ``item``."""
+
+    item: Any
+    most: int = 1 << 16
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """A dict of at most ``most`` names (str) to values of ``value``."""
+
+    value: Any
+    most: int = 1 << 12
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """One of these strings."""
+
+    values: tuple
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A dict with these fields, each of its type where present; ``required`` must be present. Other fields (with
+    str keys) pass through unread: the run log keeps them."""
+
+    types: dict
+    required: tuple = ()
+
+
+# A field's type: str, int or bool (exactly: a bool is not an int), NUMBER, None, ListOf, MapOf, OneOf, Fields,
+# or a tuple of types (any of them). Every kind a rank's pipe may carry has its table; any other is refused.
+OOM_REPORT = Fields({"key": str, "batch_size": int, "new_batch_size": int, "error": str,
+                     "memory": MapOf(NUMBER)}, required=("key", "batch_size", "new_batch_size"))
+DATA_SCHEMA = {
+    STATUS: Fields({"state": OneOf(("starting", "running", "finished", "failed")), "pid": int, "local_rank": int,
+                    "exit_code": (int, None), "host": str, "thread": str}, required=("state",)),
+    OUTPUT: Fields({"stream": OneOf(TEXT_STREAMS), "text": str}, required=("text",)),
+    RESULT: Fields({"type": str, "bytes": int, "attachment_bytes": int, "pickle_bytes": int,
+                    "storages": ListOf(int, 1 << 24), "kept": bool, "reason": str}, required=("type",)),
+    FAILURE: Fields({"type": str, "module": (str, None), "message": str, "traceback": str, "exit_code": (int, None),
+                     "all_ranks_raise": bool, "oom_retry": (OOM_REPORT, None)}, required=("type", "message")),
+    # (a record of another shape than get_logger's: logging leaves funcName, lineno and the like None at times)
+    LOG: Fields({"level": (str, None), "levelno": (int, None), "logger": (str, None), "message": str,
+                 "file": (str, None), "line": (int, None), "function": (str, None), "created": (NUMBER, None),
+                 "exc_text": (str, None), "stack": (str, None), "in_order": int, "skipped": bool}),
+    SHAPE_MISMATCH: Fields({"operation": (str, None), "operations": ListOf((str, None)),
+                            "shapes": ListOf((ListOf(int, 64), None)), "dtypes": ListOf((str, None)),
+                            "call_sites": ListOf((str, None)), "message": str}, required=("message",)),
+    TRIGGER: Fields({"call_site": (str, None)}),
+    BATCH_SIZE: Fields({"key": str, "batch_size": int}, required=("key", "batch_size")),
+    PROGRESS: Fields({"step": (int, None), "total": (int, None), "metrics": MapOf((NUMBER, str))}),
+    BALANCE: Fields({"elapsed": NUMBER, "waited": NUMBER, "steps": ListOf(ListOf((NUMBER, None), 4), 1 << 20),
+                     "step_source": (str, None), "final": bool, "peak_rss": (NUMBER, None),
+                     "cuda": (Fields({"peak_allocated": NUMBER, "peak_reserved": NUMBER, "total": NUMBER}), None)},
+                    required=("elapsed", "waited")),
+}
 
 
 @dataclass

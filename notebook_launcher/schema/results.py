@@ -25,11 +25,26 @@ SMALL_RESULT_BYTES = 64 * 2**20
 
 
 class ResultParts:
-    """The attachment of a result as the kernel received it: the pickle, then one storage per tensor storage."""
+    """The attachment of a result as the kernel received it: the pickle, then one storage per tensor storage.
 
-    def __init__(self, pickled: bytearray, storages: list):
-        self.pickled = pickled
-        self.storages = storages
+    Each part is made when its first byte arrives (``part``), not when the header announces it: a header that
+    claims gigabytes and sends nothing behind it costs the kernel nothing."""
+
+    def __init__(self, pickle_bytes: int, sizes: list):
+        self.pickled: bytearray | None = None
+        self.storages: list = [None] * len(sizes)
+        self._sizes = sizes
+        self._pickle_bytes = pickle_bytes
+
+    def part(self, index: int) -> memoryview:
+        """For ``FrameDecoder``: the buffer of part ``index`` (0: the pickle, then each storage), made now."""
+        if index == 0:
+            self.pickled = bytearray(self._pickle_bytes)
+            return memoryview(self.pickled)
+        import torch
+
+        storage = self.storages[index - 1] = torch.UntypedStorage(self._sizes[index - 1])
+        return _bytes_of(storage)
 
     def __len__(self) -> int:
         return len(self.pickled) + sum(storage.nbytes() for storage in self.storages)
@@ -77,11 +92,42 @@ def _storage_pickler():
             def persistent_id(self, obj):
                 return _storage_id(obj, self._storages, self._index)
 
+            def reducer_override(self, obj):
+                if _kernel_main and _in_kernel_main(obj):
+                    return NotImplemented  # by reference: the kernel's unpickling finds its own class
+                return super().reducer_override(obj)
+
         _StoragePickler = StoragePickler
     return _StoragePickler
 
 
 _StoragePickler = None
+_kernel_main: dict = {}  # a forked rank: the names of the kernel's __main__ (the notebook's) as it forked
+
+
+def inherit_kernel_main() -> None:
+    """In a rank forked from the kernel: its ``__main__`` is the notebook's, inherited. A class (or function) of
+    it in the result is then pickled by reference, as ``__main__.Name``, so the kernel unpickles it as its own
+    class (``isinstance`` and ``==`` hold); cloudpickle would pickle it by value, as a new class. (Under spawn,
+    cloudpickle's own tracking of the classes the kernel sent by value does the same.)"""
+    main = sys.modules.get("__main__")
+    _kernel_main.clear()
+    if main is not None:
+        _kernel_main.update(vars(main))
+
+
+def _in_kernel_main(obj) -> bool:
+    """``obj`` is a class or function of the notebook as the kernel has it: the same object, under its name, in
+    the kernel's __main__ at the fork and in this rank's __main__ now."""
+    if not isinstance(obj, type) and type(obj).__name__ != "function":
+        return False
+    if getattr(obj, "__module__", None) != "__main__" or "<locals>" in getattr(obj, "__qualname__", "<locals>"):
+        return False
+    first, *rest = obj.__qualname__.split(".")
+    inherited, now = _kernel_main.get(first), getattr(sys.modules.get("__main__"), first, None)
+    for name in rest:
+        inherited, now = getattr(inherited, name, None), getattr(now, name, None)
+    return inherited is obj and now is obj
 
 
 def prepare() -> None:
@@ -116,18 +162,15 @@ def _bytes_of(storage) -> memoryview:
 
 # -- kernel side --------------------------------------------------------------------------------------------------
 def result_sinks(header: dict, length: int):
-    """For ``FrameDecoder``: where a result's attachment is read to; the storages are allocated here, once."""
+    """For ``FrameDecoder``: where a result's attachment is read to, once: the pickle and each storage, each
+    allocated as its first byte arrives (the parts are given as their sizes; ``ResultParts.part`` makes them)."""
     _check_room(length)
     data = header["data"]
     sizes, pickled = data.get("storages"), data.get("pickle_bytes")  # (checked by the decoder: they add up)
     if not sizes:
         buffer = bytearray(length)  # one pickle, no storage beside it
         return buffer, [memoryview(buffer)]
-    import torch
-
-    pickled = bytearray(pickled)
-    storages = [torch.UntypedStorage(size) for size in sizes]
-    return ResultParts(pickled, storages), [memoryview(pickled)] + [_bytes_of(storage) for storage in storages]
+    return ResultParts(pickled, list(sizes)), [pickled, *sizes]
 
 
 def unpack_result(data: dict, attachment):
@@ -150,9 +193,9 @@ def unpack_result(data: dict, attachment):
 
 
 def _check_room(length: int) -> None:
-    """A result larger than the memory this machine has free is refused before anything is allocated (a frame
-    of a few bytes can announce gigabytes)."""
-    if length < 2**30:
+    """The bound of a result: the memory this machine has available when its header arrives (``MemAvailable``);
+    a larger one is refused before anything is allocated (a frame of a few bytes can announce gigabytes)."""
+    if length < SMALL_RESULT_BYTES:
         return
     try:
         with open("/proc/meminfo") as meminfo:
@@ -160,13 +203,50 @@ def _check_room(length: int) -> None:
     except (OSError, StopIteration, ValueError):
         return
     if length > available:
-        raise MemoryError(f"a result of {length / 2**30:.1f} GiB, with {available / 2**30:.1f} GiB free here")
+        raise MemoryError(f"a result of {length / 2**30:.1f} GiB, with {available / 2**30:.1f} GiB available here")
+
+
+_REBUILDS = ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_qtensor")  # (storage, offset, size, stride, ...)
+
+
+def _checked_rebuild(rebuild):
+    """torch's rebuild of a tensor from its storage, after checking that the storage holds every element the
+    pickle's size, stride and offset ask of it (torch does not check: a tensor over a storage too small for it
+    reads memory that is not its own)."""
+    def checked(storage, storage_offset, size, stride, *rest):
+        _check_extent(storage, storage_offset, size, stride)
+        return rebuild(storage, storage_offset, size, stride, *rest)
+
+    return checked
+
+
+def _check_extent(storage, offset, size, stride) -> None:
+    import torch
+
+    if not isinstance(storage, (torch.storage.TypedStorage, torch.UntypedStorage)):
+        raise pickle.UnpicklingError(f"a tensor whose storage is a {type(storage).__name__}")
+    dims = (*size, *stride, offset)
+    if len(size) != len(stride) or not all(isinstance(dim, int) and dim >= 0 for dim in dims):
+        raise pickle.UnpicklingError(f"a tensor of shape {tuple(size)!r}, strides {tuple(stride)!r} and offset "
+                                     f"{offset!r}, which no storage holds")
+    typed = isinstance(storage, torch.storage.TypedStorage)
+    element = storage.dtype.itemsize if typed else 1
+    held = (storage._untyped_storage if typed else storage).nbytes()
+    needed = 0 if 0 in size else (offset + sum((dim - 1) * step for dim, step in zip(size, stride)) + 1) * element
+    if needed > held:
+        raise pickle.UnpicklingError(
+            f"a tensor of shape {tuple(size)} ({element}-byte elements, strides {tuple(stride)}, offset {offset}) "
+            f"needs {needed} bytes of its storage, which holds {held}")
 
 
 class _StorageUnpickler(pickle.Unpickler):
     def __init__(self, file, storages: list):
         super().__init__(file)
         self._storages = storages
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name)
+        return _checked_rebuild(found) if module == "torch._utils" and name in _REBUILDS else found
 
     def persistent_load(self, pid):
         import torch

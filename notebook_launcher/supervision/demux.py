@@ -51,7 +51,7 @@ class RankDemux:
     def __init__(self, rank: int, sinks=result_sinks):
         self.rank = rank
         self.seq = 0
-        self._decoder = FrameDecoder(sinks, refused_kinds=KERNEL_ONLY_KINDS)
+        self._decoder = FrameDecoder(sinks, refused_kinds=KERNEL_ONLY_KINDS, rank_pipe=True)
         self._broken_reported = False
         self._fd_lines: dict[str, LineSplitter] = {stream: LineSplitter() for stream in STREAMS}
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
@@ -107,8 +107,10 @@ class RankDemux:
                 f"that are not an event ({decoder.broken}); what it sent there after them is lost (its stdout "
                 f"and stderr are not)", "traceback": "", "exit_code": None})
         if not chunk and decoder.pending_bytes:
+            pending = decoder.pending_bytes
+            decoder.discard()  # (said once, however often the end is read)
             yield self.event(FAILURE, {
-                "type": TRUNCATED_EVENT, "message": f"{decoder.pending_bytes} bytes of an unfinished event "
+                "type": TRUNCATED_EVENT, "message": f"{pending} bytes of an unfinished event "
                 "(the worker died while writing it)", "traceback": "", "exit_code": None})
 
     def read_size(self, channel: str, most: int) -> int:

@@ -7,6 +7,8 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 
+from ..schema.proctree import children_of, descendants, kill, kill_group
+
 _PF_EXITING = 0x4  # include/linux/sched.h
 
 
@@ -91,3 +93,32 @@ def signal_name(signum: int | None) -> str | None:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def signal_all(workers: list[WorkerProcess], signum: int, spare=()) -> None:
+    """``signum`` to every live worker but the ranks in ``spare``: its descendants, then its process group."""
+    for worker in workers:
+        if worker.alive and worker.rank not in spare and signum == signal.SIGKILL:
+            worker.sigkill_sent = True
+    alive = [worker.pid for worker in workers if worker.alive and worker.rank not in spare]
+    for pid in descendants(alive):
+        kill(pid, signum)
+    for pid in alive:
+        kill_group(pid, signum)
+
+
+def ask_for_stacks(workers: list[WorkerProcess], xla: bool) -> None:
+    """SIGUSR1 (faulthandler: every thread's Python stack on stderr) to each live worker's process, once each.
+
+    An XLA host waits in xmp.spawn: the processes torch_xla started run the ordinals (one at a time per stream:
+    a dump of the host's as well would interleave with its first ordinal's)."""
+    asked = set()
+    for worker in workers:
+        if not worker.alive or worker.pid in asked:
+            continue
+        asked.add(worker.pid)
+        for pid in children_of(worker.pid) if xla else [worker.pid]:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass

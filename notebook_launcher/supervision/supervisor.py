@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
 from ..schema.lines import expand_lines
-from ..schema.proctree import children_of, descendants, descendants_of_each, kill, kill_group, kill_if_same
+from ..schema.proctree import descendants_of_each, kill_if_same
 from .demux import RankDemux
-from .handles import WorkerProcess
+from .handles import WorkerProcess, ask_for_stacks, signal_all
 from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
 from .starters import PIPE_SIZE, start_each_rank, start_xla_host, starter_for
@@ -85,11 +85,13 @@ class Supervisor:
         self._below: dict[int, dict[int, int]] = {}  # rank -> its descendants when last looked (pid -> start time)
         self._scanned_at = time.monotonic()  # a short launch never pays for a scan
         self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
+        for fd in (self._wake_read, self._wake_write):
+            os.set_blocking(fd, False)
         self._selector.register(self._wake_read, selectors.EVENT_READ, (None, "wake"))
         self._interrupt = DeferredInterrupt(self._wake_write)
         self._muted = False  # a teardown after on_event failed: nothing more is passed on
+        self._reading: WorkerProcess | None = None  # whose read's events are being passed on
+        self._exits_due: list[WorkerProcess] = []  # reaped meanwhile: exits to pass on once that read is done
 
     # -- run -------------------------------------------------------------------------------------------------
     def run(self, timeout: float | None, on_started=None) -> SupervisorOutcome:
@@ -254,14 +256,22 @@ class Supervisor:
                 self._read(worker, channel, key.fd)
 
     def _read(self, worker: WorkerProcess, channel: str, fd: int) -> bool:
-        """Read what one pipe has; False when it had nothing (or reached EOF and was closed)."""
+        """Read what one pipe has; False when it had nothing (or reached EOF and was closed). A rank reaped while
+        this read's events are passed on (one stopped the run) has its pipes drained and its exit passed on after."""
+        demux = self._demux[worker.rank]
         try:
-            chunk = os.read(fd, self._demux[worker.rank].read_size(channel, PIPE_SIZE))
+            chunk = os.read(fd, demux.read_size(channel, PIPE_SIZE))
         except BlockingIOError:
             return False
-        self._deliver_all(self._demux[worker.rank].feed(channel, chunk))
-        if not chunk:
+        if not chunk:  # forgotten first: nothing passed on below may read or close it again
             self._forget_pipe(worker, channel, fd)
+        outer, self._reading = self._reading, worker
+        try:
+            self._deliver_all(demux.feed(channel, chunk))
+        finally:
+            self._reading = outer
+        if outer is None:
+            self._report_due_exits()
         return bool(chunk)
 
     def _forget_pipe(self, worker: WorkerProcess, channel: str, fd: int) -> None:
@@ -276,6 +286,7 @@ class Supervisor:
                 pass
 
     def _drain_and_close_all(self) -> None:
+        self._report_due_exits()
         for worker in self._workers:
             self._drain(worker)
             for channel, fd in list(worker.read_fds.items()):  # held open by an escaped descendant
@@ -349,15 +360,23 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
         kill_if_same(self._below.pop(worker.rank, {}))  # and what it started outside its group
+        if self._reading is worker:  # reaped while what it wrote is being passed on: its exit comes after that
+            self._exits_due.append(worker)
+        else:
+            self._report_exit(worker)
+
+    def _report_due_exits(self) -> None:
+        while self._exits_due:
+            self._report_exit(self._exits_due.pop(0))
+
+    def _report_exit(self, worker: WorkerProcess) -> None:
         self._drain(worker)
-        demux = self._demux[worker.rank]
-        self._deliver_all(demux.finish_python_lines())
-        self._deliver(demux.event(EXIT, worker.exit_data()))
+        self._deliver_all(self._demux[worker.rank].finish_python_lines())
+        self._deliver(self._demux[worker.rank].event(EXIT, worker.exit_data()))
 
     def _reap_all_without_pidfd(self) -> None:
-        for worker in self._workers:
-            if worker.alive and worker.pidfd is None:
-                self._reap(worker)
+        for worker in [worker for worker in self._workers if worker.alive and worker.pidfd is None]:
+            self._reap(worker)
 
     def _reap_all(self) -> None:
         for worker in self._workers:
@@ -366,21 +385,11 @@ class Supervisor:
     # -- stop --------------------------------------------------------------------------------------------------
     def _request_stack_dumps(self) -> None:
         """Ask every live worker for all its threads' Python stacks (faulthandler on SIGUSR1 → its stderr)."""
-        asked = set()
         for worker in self._workers:
             if worker.alive:
                 self._stack_dump_seq[worker.rank] = self._demux[worker.rank].seq
                 self._demux[worker.rank].expect_stack_dump()
-                if worker.pid in asked:
-                    continue
-                asked.add(worker.pid)
-                # an XLA host waits in xmp.spawn: the processes torch_xla started run the ordinals (one at a time
-                # per stream: a dump of the host's as well would interleave with its first ordinal's)
-                for pid in children_of(worker.pid) if self.plan.xla is not None else [worker.pid]:
-                    try:
-                        os.kill(pid, signal.SIGUSR1)
-                    except ProcessLookupError:
-                        pass
+        ask_for_stacks(self._workers, self.plan.xla is not None)
 
     def _stop(self, reason: str, grace: float = TERMINATE_GRACE_S) -> None:
         """SIGTERM every live worker's process group now, SIGKILL after ``grace`` seconds."""
@@ -396,14 +405,7 @@ class Supervisor:
         self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
 
     def _signal_all(self, signum: int, spare=()) -> None:
-        for worker in self._workers:
-            if worker.alive and worker.rank not in spare and signum == signal.SIGKILL:
-                worker.sigkill_sent = True
-        alive = [worker.pid for worker in self._workers if worker.alive and worker.rank not in spare]
-        for pid in descendants(alive):
-            kill(pid, signum)
-        for pid in alive:
-            kill_group(pid, signum)
+        signal_all(self._workers, signum, spare)
 
     def _close(self) -> None:
         """The end of every run, however it ended: nothing of ours survives, every fd is closed, every child
