@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .accelerate_config import resolve_debug
 from .errors import LaunchArgumentError
+from .keywords import LaunchKeywords
 from .schema.results import RESULT_CHOICES
 from .xla_devices import XlaLayout, tpu_detected, xla_layout, xla_runtime_initialized
 
@@ -120,43 +121,41 @@ class LaunchPlan:
                 + (f"; {self.port_note}" if self.port_note else ""))
 
 
-def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", use_port="29500",
-              master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
-              rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
-              start_method="auto", device="auto", backend="auto", timeout=None, debug=None, config_file=None,
-              memory_limit=None, results="auto", hang_warning=30.0, in_workers=False) -> LaunchPlan:
-    """Check every argument (the keywords of ``notebook_launcher``) and decide device, backend and start method.
-
-    No I/O beyond looking: the port is reserved and the payload pickled by the launch itself."""
+def make_plan(function, args=(), *, in_workers: bool = False, **keywords) -> LaunchPlan:
+    """Check every argument (``keywords``: those of ``notebook_launcher``, its defaults for the others), decide
+    device, backend and start method; ``in_workers``: ranks start on hosts' agents, even one. No I/O but looking."""
+    given = LaunchKeywords(**keywords)  # an unknown keyword is a TypeError here, as in a call
     if not callable(function):
         raise TypeError(f"function must be callable (the training function to run on every rank), "
                         f"got {type(function).__name__}: {function!r}")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple or list of positional arguments, got {type(args).__name__}; "
                         f"for one argument write args=(value,)")
-    mixed_precision = _choice("mixed_precision", str(mixed_precision).lower(), MIXED_PRECISION_CHOICES)
-    start_method = _choice("start_method", start_method, START_METHOD_CHOICES)
-    results = _choice("results", results, RESULT_CHOICES)
-    device = _choice("device", device, DEVICE_CHOICES)
-    backend = _choice("backend", backend, BACKEND_CHOICES)
-    rdzv_backend = _choice("rdzv_backend", rdzv_backend, RDZV_BACKEND_CHOICES)
-    num_nodes = _positive_int("num_nodes", num_nodes)
-    node_rank = _int("node_rank", node_rank)
+    mixed_precision = _choice("mixed_precision", str(given.mixed_precision).lower(), MIXED_PRECISION_CHOICES)
+    start_method = _choice("start_method", given.start_method, START_METHOD_CHOICES)
+    results = _choice("results", given.results, RESULT_CHOICES)
+    device = _choice("device", given.device, DEVICE_CHOICES)
+    backend = _choice("backend", given.backend, BACKEND_CHOICES)
+    rdzv_backend = _choice("rdzv_backend", given.rdzv_backend, RDZV_BACKEND_CHOICES)
+    num_nodes = _positive_int("num_nodes", given.num_nodes)
+    node_rank = _int("node_rank", given.node_rank)
     if not 0 <= node_rank < num_nodes:
         raise LaunchArgumentError(f"node_rank={node_rank} must be between 0 and num_nodes - 1 = {num_nodes - 1}")
-    max_restarts = _int("max_restarts", max_restarts)
+    max_restarts = _int("max_restarts", given.max_restarts)
     if max_restarts < 0:
         raise LaunchArgumentError(f"max_restarts={max_restarts} must be 0 or more")
-    monitor_interval = _positive_number("monitor_interval", monitor_interval)
+    monitor_interval = _positive_number("monitor_interval", given.monitor_interval)
     if monitor_interval > MAX_MONITOR_INTERVAL_S:
         raise LaunchArgumentError(f"monitor_interval={monitor_interval:g} s is longer than {MAX_MONITOR_INTERVAL_S} "
                                   f"s: the kernel checks its workers this often; leave the default (0.1 s)")
+    timeout, hang_warning = given.timeout, given.hang_warning
     if timeout is not None:
         timeout = _positive_number("timeout", timeout)
     if hang_warning is not None:
         hang_warning = _positive_number("hang_warning", hang_warning)
-    debug = resolve_debug(debug, config_file)
-    memory_limit = parse_memory_limit(memory_limit)
+    debug = resolve_debug(given.debug, given.config_file)
+    memory_limit = parse_memory_limit(given.memory_limit)
+    rdzv_conf, log_line_prefix_template = given.rdzv_conf, given.log_line_prefix_template
     if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
         raise TypeError(f"rdzv_conf must be a dict or None, got {type(rdzv_conf).__name__}")
     if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
@@ -167,11 +166,12 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
             f"is deprecated); use rdzv_backend='c10d' with rdzv_endpoint='host:port', or 'static' with "
             f"master_addr and use_port set to node 0's address and a free port")
 
+    rdzv_endpoint, master_addr = given.rdzv_endpoint, given.master_addr
     if rdzv_endpoint:
         master_addr, endpoint_port = _split_endpoint(rdzv_endpoint)
         requested_port = _port(endpoint_port, name=f"the port of rdzv_endpoint={rdzv_endpoint!r}")
     else:
-        requested_port = _port(use_port)
+        requested_port = _port(given.use_port)
     if not isinstance(master_addr, str) or not master_addr:
         raise LaunchArgumentError(f"master_addr must be a host name or address string, got {master_addr!r}")
     if not in_workers:  # (across hosts= the agents find node 0's address; an SSH alias need not resolve here)
@@ -184,10 +184,10 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
         if num_nodes > 1:
             raise LaunchArgumentError(f"device='xla' with num_nodes={num_nodes}: a launch runs the XLA devices of "
                                       f"this host only; leave num_nodes at 1")
-        xla = xla_layout(num_processes)
+        xla = xla_layout(given.num_processes)
         num_processes = xla.devices
     else:
-        num_processes = _num_processes(num_processes, device)
+        num_processes = _num_processes(given.num_processes, device)
     backend = _backend(backend, device)
     start_method, reason = choose_start_method(start_method, device)
     cpu_threads = 0  # torch's default, or what OMP_NUM_THREADS says
@@ -202,7 +202,7 @@ def make_plan(*, function, args=(), num_processes=None, mixed_precision="no", us
         monitor_interval=monitor_interval,
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
         else log_line_prefix_template,
-        rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(rdzv_id), cpu_threads=cpu_threads,
+        rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(given.rdzv_id), cpu_threads=cpu_threads,
         debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers,
         hang_warning=hang_warning, xla=xla,
     )

@@ -1,0 +1,147 @@
+"""The keywords of ``notebook_launcher()``, declared once.
+
+Its signature (what ``help()`` and a notebook's Shift-Tab show), the keyword part of its docstring, the README's
+table and the plan's defaults are all made from ``LaunchKeywords``: adding a keyword is one field here and its
+check in ``plan.make_plan`` (or in ``cluster.remote`` for a keyword of the hosts).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .display import Display
+
+
+def _keyword(default: Any, doc: str, *, accelerate: bool = False, hosts: bool = False):
+    """A field with what the docs say of it; ``accelerate``: positional as in Accelerate's launcher; ``hosts``:
+    a keyword of where ranks start, not of the plan."""
+    return field(default=default, metadata={"doc": doc, "accelerate": accelerate, "hosts": hosts})
+
+
+@dataclass(frozen=True)
+class LaunchKeywords:
+    """Every keyword of ``notebook_launcher`` with its default, as the user gave them (checked by ``make_plan``)."""
+
+    num_processes: int | None = _keyword(
+        None, "ranks per host; None: one per GPU, else 2 on CPU (the XLA device count on XLA)", accelerate=True)
+    mixed_precision: Literal["no", "fp16", "bf16", "fp8"] = _keyword(
+        "no", "ACCELERATE_MIXED_PRECISION in every rank, read by `Accelerator()`", accelerate=True)
+    use_port: str | int = _keyword(
+        "29500", "MASTER_PORT; a free one is used if it is taken (single-node runs)", accelerate=True)
+    master_addr: str = _keyword("127.0.0.1", "MASTER_ADDR: node 0's address", accelerate=True)
+    node_rank: int = _keyword(0, "this node's number when the same notebook runs on every node", accelerate=True)
+    num_nodes: int = _keyword(1, "how many nodes run this notebook (each calls `notebook_launcher`)",
+                              accelerate=True)
+    rdzv_backend: Literal["static", "c10d"] = _keyword(
+        "static", "`\"c10d\"`: torch's rendezvous at `rdzv_endpoint`, nodes may join in any order", accelerate=True)
+    rdzv_endpoint: str = _keyword("", "`host:port` of the c10d rendezvous", accelerate=True)
+    rdzv_conf: dict | None = _keyword(None, "extra rendezvous settings, as torch elastic takes them",
+                                      accelerate=True)
+    rdzv_id: str = _keyword("none", "the rendezvous' run id", accelerate=True)
+    max_restarts: int = _keyword(0, "relaunch all ranks after a failure up to that many times", accelerate=True)
+    monitor_interval: float = _keyword(0.1, "seconds between the kernel's checks of its workers", accelerate=True)
+    log_line_prefix_template: str | None = _keyword(
+        None, "prefix of each rank's lines, default `\"[rank ${rank}] \"` (`${rank}`, `${local_rank}`)",
+        accelerate=True)
+    start_method: Literal["auto", "fork", "spawn"] = _keyword(
+        "auto", "`\"auto\"` forks when safe (fast; the workers inherit the notebook's state) and spawns otherwise "
+        "(CUDA already initialized in this kernel, or no fork on this platform), sending the function and args "
+        "with cloudpickle; one line says which and why. `\"fork\"`/`\"spawn\"` force it")
+    device: Literal["auto", "cpu", "cuda", "xla"] = _keyword(
+        "auto", "`\"auto\"` (CUDA GPUs if any, one rank per GPU, else CPU), `\"cpu\"`, `\"cuda\"`, `\"xla\"` (a TPU "
+        "host's devices, or PJRT's CPU device, one rank each through torch_xla's `xmp.spawn`; `num_processes` may be "
+        "left out: it is the device count)")
+    backend: str = _keyword("auto", "`\"auto\"` (nccl on CUDA, gloo on CPU) or a torch.distributed backend name")
+    timeout: float | None = _keyword(
+        None, "seconds; a run still going after it is stopped and a `LaunchTimeoutError` shows where every rank "
+        "was (its collective, call site and stack) and which rank diverged. With or without it, ranks waiting in a "
+        "collective 2 s after another rank finished are diagnosed the same way")
+    hang_warning: float | None = _keyword(
+        30.0, "seconds of no progress anywhere, while a rank waits in a collective, before a hang notice says "
+        "where every rank is and which diverged (the run goes on; a second notice says when progress resumes); "
+        "None: off. Progress: a collective completed (its own or DDP's), a `report(step=...)`, a function started")
+    debug: bool | None = _keyword(
+        None, "debug mode: every collective first checks that the ranks agree on operation, shapes and dtypes and "
+        "raises `DistributedOperationException` at once if not. None follows `ACCELERATE_DEBUG_MODE`, else "
+        "`debug:` in `config_file`; False turns it off whatever they say")
+    config_file: str | None = _keyword(
+        None, "an Accelerate config file whose `debug:` and `mixed_precision:` are read (default: "
+        "`ACCELERATE_CONFIG_FILE`, else Accelerate's default file)")
+    memory_limit: int | str | None = _keyword(
+        None, "bytes (or `\"3GB\"`) of address space per worker: a worker over it fails with a clear out-of-memory "
+        "error (and `find_executable_batch_size` retries smaller, all ranks together)")
+    display: Literal["auto", "panel", "text"] | Display = _keyword(
+        "auto", "`\"auto\"`: the live run panel in a Jupyter kernel (a column per rank, progress, mismatch cards, "
+        "out-of-memory retries, the root cause first; saved with the notebook), prefixed text lines elsewhere; "
+        "`\"panel\"` or `\"text\"` force one; `$NOTEBOOK_LAUNCHER_DISPLAY` sets what \"auto\" means", hosts=True)
+    hosts: Sequence[str] | None = _keyword(
+        None, "hosts to start `num_processes` ranks on each (SSH by default); the first is node 0", hosts=True)
+    hostfile: str | None = _keyword(None, "a file with one host per line, instead of `hosts`", hosts=True)
+    ssh_options: Sequence[str] | None = _keyword(
+        None, "arguments for ssh, e.g. `[\"-p\", \"2222\", \"-i\", key]`", hosts=True)
+    start_hosts_with: Literal["ssh", "mpirun"] = _keyword(
+        "ssh", "how the hosts' agents start: `\"ssh\"`, or `\"mpirun\"` (the MPI found)", hosts=True)
+    mpirun_options: Sequence[str] | None = _keyword(
+        None, "arguments added to mpirun's command line", hosts=True)
+    results: Literal["auto", "all", "rank0"] = _keyword(
+        "auto", "which return values come back: `\"auto\"` (rank 0's, and every other rank's that pickles to 64 MB "
+        "or less), `\"all\"`, or `\"rank0\"`; `last_run().results` holds them by rank")
+
+    def for_plan(self) -> dict:
+        """The keywords ``make_plan`` checks (not those of where ranks start)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.metadata["hosts"]}
+
+
+def signature(function_name: str = "function") -> inspect.Signature:
+    """``notebook_launcher``'s signature: the function, ``args``, Accelerate's keywords (positional too, in
+    Accelerate's order), then ours, keyword-only."""
+    parameters = [inspect.Parameter(function_name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    annotation="Callable[..., Any]"),
+                  inspect.Parameter("args", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=(),
+                                    annotation="Sequence[Any]")]
+    for f in fields(LaunchKeywords):
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if f.metadata["accelerate"] else inspect.Parameter.KEYWORD_ONLY
+        parameters.append(inspect.Parameter(f.name, kind, default=f.default, annotation=f.type))
+    return inspect.Signature(parameters, return_annotation="Any")
+
+
+def bind(signature_: inspect.Signature, positional: tuple, keywords: dict) -> tuple[Any, tuple, LaunchKeywords]:
+    """What a call passed, as (function, args, LaunchKeywords); an unknown keyword names the closest one."""
+    unknown = [name for name in keywords if name not in signature_.parameters]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(signature_.parameters), n=1)
+        hint = f": did you mean {close[0]}=?" if close else ": see help(notebook_launcher) for its keywords"
+        raise TypeError(f"notebook_launcher() got an unexpected keyword argument {unknown[0]!r}{hint}")
+    bound = signature_.bind(*positional, **keywords)
+    given = dict(bound.arguments)
+    function = given.pop(next(iter(signature_.parameters)))
+    args = given.pop("args", ())
+    return function, args, LaunchKeywords(**given)
+
+
+def docstring_list() -> str:
+    """The keyword part of ``help(notebook_launcher)``: one bullet per keyword."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(f"- ``{f.name}={f.default!r}``: {f.metadata['doc'].replace('`', '``')}.",
+                                   width=110, subsequent_indent="  ") for f in fields(LaunchKeywords))
+
+
+def readme_table() -> str:
+    """The README's table of keywords (``tests/test_keywords.py`` checks that the README shows this one)."""
+    rows = ["| keyword | default | what it does |", "|---|---|---|"]
+    for f in fields(LaunchKeywords):
+        default = "" if f.default is MISSING else repr(f.default).replace("'", '"')
+        marker = " (Accelerate's)" if f.metadata["accelerate"] else ""
+        rows.append(f"| `{f.name}`{marker} | `{default}` | {f.metadata['doc'].replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m notebook_launcher.keywords: the README's table
+    print(readme_table())
