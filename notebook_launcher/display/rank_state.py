@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..schema.events import LOG
+from ..schema.events import LOG, RECORD_LEVEL, RECORD_LOGGER, RECORD_MESSAGE, RECORD_TIME
 from ..schema.lines import StreamLines
 from ..schema.status import RankStatus
 
@@ -75,6 +75,6 @@ def _line_dicts(run, first_number: int, started: float, skip: int) -> list[dict]
         t, kind = round(max(0.0, run.time - started), 3), run.stream
         return [{"n": first_number + number, "t": t, "kind": kind, "text": text[:MAX_TEXT]}
                 for number, text in enumerate(run.texts[skip:], skip)]
-    return [{"n": first_number + number, "t": round(max(0.0, frame[1] - started), 3), "kind": LOG,
-             "text": frame[5][:MAX_TEXT], "level": frame[2], "logger": frame[4]}  # (see LogRecords)
+    return [{"n": first_number + number, "t": round(max(0.0, frame[RECORD_TIME] - started), 3), "kind": LOG,
+             "text": frame[RECORD_MESSAGE][:MAX_TEXT], "level": frame[RECORD_LEVEL], "logger": frame[RECORD_LOGGER]}
             for number, frame in enumerate(run.frames[skip:], skip)]

@@ -10,7 +10,17 @@ from __future__ import annotations
 import string
 import sys
 
-from ..schema.events import FAILURE, LOG, RECORD_KEYS, STREAM, Event
+from ..schema.events import (
+    FAILURE,
+    LOG,
+    RECORD_DATA,
+    RECORD_KEYS,
+    RECORD_LEVEL,
+    RECORD_LOGGER,
+    RECORD_MESSAGE,
+    STREAM,
+    Event,
+)
 from ..schema.lines import LogRecords, StreamLines
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
@@ -107,10 +117,10 @@ class TextDisplay(Display):
 def _record_text(frame: tuple, prefix: str) -> str:
     """What ``show`` writes for a record frame of ``LogRecords``: ``describe``'s one line, made without the
     Description when it is printable as it is."""
-    line = log_line(frame[2], frame[4], frame[5])
+    line = log_line(frame[RECORD_LEVEL], frame[RECORD_LOGGER], frame[RECORD_MESSAGE])
     if line.isprintable():
         return f"{prefix}{line}\n"
-    return "".join(f"{prefix}{line}\n" for line in describe(LOG, dict(zip(RECORD_KEYS, frame[2:]))).said)
+    return "".join(f"{prefix}{line}\n" for line in describe(LOG, dict(zip(RECORD_KEYS, frame[RECORD_DATA]))).said)
 
 
 def _one_line_record(data: dict) -> str:

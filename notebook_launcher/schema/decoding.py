@@ -10,7 +10,7 @@ from __future__ import annotations
 import marshal
 
 from .datacheck import bounds_problem, data_problem
-from .events import FRAME_HEADER, LOG, LOG_FRAME, RESULT, Event
+from .events import FRAME_HEADER, LOG, LOG_FRAME, RECORD_FRAME_FIELDS, RECORD_FRAME_TYPES, RESULT, TEXT_STREAMS, Event
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
 MAX_NESTING = 64  # lists and dicts within each other in an event's data
@@ -189,22 +189,32 @@ def _one_bytearray(header: dict, length: int):
 _HEADER_TYPES = {"rank": int, "seq": int, "kind": str, "data": dict}
 
 
+def _record_frame_check():
+    """The test of a record frame, made once from ``events.RECORD_FRAME_TYPES`` as one expression (as
+    ``dataclasses`` makes an ``__init__``): as fast as the types spelled out by hand (a third of the time of
+    comparing ``map(type, ...)``, on every log record of a flood), and it cannot drift from the declaration."""
+    terms = [f"len(h) == {len(RECORD_FRAME_TYPES)}", f"h[0] == {LOG_FRAME}"]
+    for index, kind in enumerate(RECORD_FRAME_TYPES):
+        terms.append(f"type(h[{index}]) is {kind.__name__}")
+        if kind is int:  # (bounded: JSON readers of the run log take 64-bit integers)
+            terms.append(f"-B <= h[{index}] < B")
+    return eval("lambda h: " + " and ".join(terms), {"B": _INT_BOUND, "int": int, "float": float, "str": str})
+
+
+_is_record_frame = _record_frame_check()
+_RECORD_FRAME_TYPE_NAMES = f"({', '.join(kind.__name__ for kind in RECORD_FRAME_TYPES)})"
+
+
 def check_header(header, attachment_len: int, refused_kinds=frozenset(), rank_pipe: bool = False) -> None:
     """What the kernel relies on in a header: a text frame's (stream, text), a record frame's time and values (of
     ``RECORD_TYPES``), or a dict with an int rank and seq, a number time, a str kind, a dict of data; an attachment
     only where the schema has one (a result, of the size it says); no kind that only the kernel makes."""
-    if type(header) is tuple:  # a compact frame: (LOG_FRAME, time, *RECORD_KEYS' values) or (0 | 1, text)
-        if not attachment_len and (  # (each type spelled out: a third of the time of comparing map(type, ...))
-                len(header) == 11 and header[0] == LOG_FRAME and type(header[0]) is int and type(header[1]) is float
-                and type(header[2]) is str and type(header[3]) is int and type(header[4]) is str
-                and type(header[5]) is str and type(header[6]) is str and type(header[7]) is int
-                and type(header[8]) is str and type(header[9]) is float and type(header[10]) is int
-                and -_INT_BOUND <= header[3] < _INT_BOUND and -_INT_BOUND <= header[7] < _INT_BOUND
-                and -_INT_BOUND <= header[10] < _INT_BOUND
-                or len(header) == 2 and type(header[0]) is int and 0 <= header[0] <= 1 and type(header[1]) is str):
+    if type(header) is tuple:  # a compact frame: a record frame (events.RECORD_FRAME_FIELDS) or (0 | 1, text)
+        if not attachment_len and (_is_record_frame(header) or len(header) == 2 and type(header[0]) is int
+                                   and 0 <= header[0] < len(TEXT_STREAMS) and type(header[1]) is str):
             return
-        raise CorruptFrame("a compact frame that is neither (0 or 1, text) nor a record frame (2, time, level, "
-                           "levelno, logger, message, file, line, function, created, seq) of those types")
+        raise CorruptFrame(f"a compact frame that is neither (0 or 1, text) nor a record frame "
+                           f"({', '.join(RECORD_FRAME_FIELDS)}) of the types {_RECORD_FRAME_TYPE_NAMES}")
     if type(header) is not dict:  # (marshal makes exact types: a bool is never an int here)
         raise CorruptFrame(f"a frame header that is a {type(header).__name__}, not a dict")
     get = header.get

@@ -91,6 +91,14 @@ LOG_FRAME = 2
 # a get_logger record's data, in this order (worker_seq: the rank's own count, which the kernel adds to every event)
 RECORD_KEYS = ("level", "levelno", "logger", "message", "file", "line", "function", "created", "worker_seq")
 RECORD_TYPES = (str, int, str, str, str, int, str, float, int)
+# a record frame is a plain tuple (no object per record on the hot path): its fields by position, read by name
+RECORD_FRAME_FIELDS = ("frame", "time", *RECORD_KEYS)
+RECORD_FRAME_TYPES = (int, float, *RECORD_TYPES)
+RECORD_TIME, RECORD_LEVEL, RECORD_LOGGER, RECORD_MESSAGE = (
+    RECORD_FRAME_FIELDS.index(name) for name in ("time", "level", "logger", "message"))
+RECORD_DATA = slice(RECORD_FRAME_FIELDS.index("level"), None)  # the values of RECORD_KEYS
+# a text frame: (TEXT_STREAMS' index, text)
+TEXT_FRAME_STREAM, TEXT_FRAME_TEXT = 0, 1
 
 STATUS = "status"
 STREAM = "stream"

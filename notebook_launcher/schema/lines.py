@@ -12,7 +12,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from .events import LOG, RECORD_KEYS, STREAM, TEXT_STREAMS, Event
+from .events import LOG, RECORD_DATA, RECORD_KEYS, RECORD_TIME, STREAM, TEXT_STREAMS, Event
 
 
 class StreamLines:
@@ -42,9 +42,9 @@ class StreamLines:
 class LogRecords:
     """Consecutive ``get_logger`` records of one rank as their record frames came, numbered ``seq``, ``seq + 1``, …
 
-    A frame is ``(LOG_FRAME, time, *values)``, its data's values in ``RECORD_KEYS``' order (of ``RECORD_TYPES``,
-    checked when it was read): ``frame[1]`` is the record's time, ``frame[2]`` its level, ``frame[4]`` its logger,
-    ``frame[5]`` its message. Each stage reads them in place, with no dict or Event made per record."""
+    A frame is a tuple of ``events.RECORD_FRAME_FIELDS`` (of ``RECORD_FRAME_TYPES``, checked when it was read),
+    read by their names' indexes (``frame[RECORD_MESSAGE]``). Each stage reads them in place, with no dict or
+    Event made per record."""
 
     __slots__ = ("rank", "seq", "frames")
     kind = LOG
@@ -55,7 +55,7 @@ class LogRecords:
     @property
     def time(self) -> float:
         """When the last record was made."""
-        return self.frames[-1][1]
+        return self.frames[-1][RECORD_TIME]
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -69,7 +69,7 @@ class LogRecords:
 
 def record_event(rank: int, seq: int, frame: tuple) -> Event:
     """The Event of a record frame."""
-    return Event(rank, seq, frame[1], LOG, dict(zip(RECORD_KEYS, frame[2:])))
+    return Event(rank, seq, frame[RECORD_TIME], LOG, dict(zip(RECORD_KEYS, frame[RECORD_DATA])))
 
 
 _RUNS = (StreamLines, LogRecords)

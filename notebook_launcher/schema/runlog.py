@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Iterator
 
-from .events import LOG, RECORD_KEYS, Event
+from .events import LOG, RECORD_DATA, RECORD_KEYS, Event
 from .lines import LogRecords, StreamLines
 
 RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
@@ -120,9 +120,9 @@ def _line(event: Event) -> str:
 def _record_line(rank: int, seq: int, frame: tuple) -> str:
     """``_line`` of a get_logger record from its record frame (``LogRecords``: its types checked when it was
     read), written field by field: the JSON encoder's walk was 40% of the kernel's time for a record in a flood."""
-    _, when, level, levelno, logger, message, file, line, function, created, worker_seq = frame
+    _, when, level, levelno, logger, message, file, line, function, created, worker_seq = frame  # RECORD_FRAME_FIELDS
     if when - when != 0 or created - created != 0:  # NaN or an infinity: written as null
-        return _line(Event(rank, seq, when, LOG, dict(zip(RECORD_KEYS, frame[2:]))))
+        return _line(Event(rank, seq, when, LOG, dict(zip(RECORD_KEYS, frame[RECORD_DATA]))))
     return (f'{{"rank":{rank},"seq":{seq},"time":{when!r},"kind":"log","data":{{'
             f'"level":{_string(level)},"levelno":{levelno},"logger":{_string(logger)},"message":{_string(message)},'
             f'"file":{_string(file)},"line":{line},"function":{_string(function)},"created":{created!r},'

@@ -21,6 +21,8 @@ from ..schema.events import (
     LOG_FRAME,
     OUTPUT,
     STREAM,
+    TEXT_FRAME_STREAM,
+    TEXT_FRAME_TEXT,
     TEXT_STREAMS,
     TRUNCATED_EVENT,
     Event,
@@ -70,16 +72,18 @@ class RankDemux:
         lines: list = []  # the plain lines of the frames so far, passed on together (see the class)
         now = time.monotonic()  # (every line cut from this chunk was read at this moment)
         for header, attachment in decoder.feed(chunk):
-            if type(header) is tuple and header[0] == LOG_FRAME:  # a record frame: (LOG_FRAME, time, *values)
+            if type(header) is tuple and header[0] == LOG_FRAME:  # a record frame (events.RECORD_FRAME_FIELDS)
                 self.seq += 1
                 if lines and type(lines[-1]) is LogRecords:  # (then numbered just before this one)
                     lines[-1].frames.append(header)
                 else:
                     lines.append(LogRecords(rank, self.seq, [header]))
             elif type(header) is tuple or header["kind"] == OUTPUT:  # a text frame (0 | 1, text), or an output event
-                stream, text = (TEXT_STREAMS[header[0]], header[1]) if type(header) is tuple else (
-                    "stderr" if header["data"].get("stream") == "stderr" else "stdout",
-                    str(header["data"].get("text", "")))
+                if type(header) is tuple:
+                    stream, text = TEXT_STREAMS[header[TEXT_FRAME_STREAM]], header[TEXT_FRAME_TEXT]
+                else:
+                    stream = "stderr" if header["data"].get("stream") == "stderr" else "stdout"
+                    text = str(header["data"].get("text", ""))
                 stray = self._output_lines(stream, text, lines, now)
                 if stray is None:
                     continue
