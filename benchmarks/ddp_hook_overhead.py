@@ -87,7 +87,7 @@ def _steps(rounds: int) -> dict:
                     times[variant]["wall"].append(wall() - started)
                     times[variant]["cpu"].append(cpu() - started_cpu)
     balance_meter._meter = meter
-    assert ddp_watch._progress.read()["operation"] == "DDP gradient all_reduce"
+    assert ddp_watch.record().read()["operation"] == "DDP gradient all_reduce"
     return {**times, "period": watch.period}
 
 
@@ -98,8 +98,13 @@ def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
     import tempfile
     import timeit
 
-    from notebook_launcher.rank import balance_meter, ddp_watch
+    from notebook_launcher.rank import balance_meter, context, ddp_watch
+    from notebook_launcher.rank.context import RankContext
     from notebook_launcher.schema.progress_record import ProgressRecord
+
+    class _NullWriter:
+        def emit(self, kind, data=None):
+            pass
 
     class Model:  # what the watch reads of a DDP model
         require_backward_grad_sync = True
@@ -127,15 +132,17 @@ def mechanism_alone(calls: int = 3000, repeats: int = 7) -> dict:
             output.sum().backward()
 
         best = {"bare": min(timeit.repeat(bare, number=calls, repeat=repeats)) / calls * 1e6}
-        ddp_watch.connect(record)
+        context.enter(RankContext(writer=_NullWriter(), progress=record))
+        ddp_watch.install()
         try:
             for name, case in (("watched", watched), ("measured", watched), ("sampled", sampled),
                                ("bare again", bare)):
-                balance_meter.connect(lambda kind, data: None, record) if name in ("measured", "sampled") else None
+                balance_meter.start() if name in ("measured", "sampled") else None
                 best[name] = min(timeit.repeat(case, number=calls, repeat=repeats)) / calls * 1e6
                 balance_meter._meter = None
         finally:
-            ddp_watch.disconnect()
+            ddp_watch.uninstall()
+            context.enter(context.OUTSIDE)
         record.close()
     torch.set_num_threads(threads)
     bare_best = min(best["bare"], best["bare again"])

@@ -47,7 +47,7 @@ def _train(steps=4, hook=None):
         model(torch.randn(8, 8, generator=generator)).square().mean().backward()
         optimizer.step()
     return {"weights": [p.detach().clone() for p in model.parameters()], "hook_calls": len(calls),
-            "watched": ddp_watch._progress is not None and ddp_watch.enabled()}
+            "watched": ddp_watch.record() is not None and ddp_watch.enabled()}
 
 
 def test_ddp_numbers_are_those_of_plain_ddp(monkeypatch):
@@ -132,7 +132,7 @@ def _records_while_training():
 
     from notebook_launcher.rank import ddp_watch
 
-    record = ddp_watch._progress
+    record = ddp_watch.record()
     seen = {"constructed": None, "in_backward": [], "after_forward": [], "after_backward": []}
 
     def reading_hook(state, bucket):
@@ -215,7 +215,7 @@ def _uneven_inputs_under_join():
     operations = []
 
     def noting_hook(state, bucket):
-        operations.append(ddp_watch._progress.read()["operation"])
+        operations.append(ddp_watch.record().read()["operation"])
         return allreduce_hook(None, bucket)
 
     model = DistributedDataParallel(torch.nn.Linear(4, 4))
@@ -244,9 +244,9 @@ def _no_sync_then_sync():
     for _ in range(2):
         with model.no_sync():  # gradient accumulation: no collective, not a DDP step
             model(torch.ones(2, 4)).sum().backward()
-        steps.append(ddp_watch._progress.read()["step"])
+        steps.append(ddp_watch.record().read()["step"])
         model(torch.ones(2, 4)).sum().backward()
-        steps.append(ddp_watch._progress.read()["step"])
+        steps.append(ddp_watch.record().read()["step"])
     return steps
 
 
@@ -299,14 +299,14 @@ def _steps_of_odd_training_loops():
     nested = DistributedDataParallel(_NestedOutput())
     for _ in range(3):
         nested(torch.ones(2, 4))["out"][0].sum().backward()
-    nested_record = ddp_watch._progress.read()
+    nested_record = ddp_watch.record().read()
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     for _ in range(4):
         x = torch.ones(2, 4, requires_grad=True)
         out = model(x)
         (penalty,) = torch.autograd.grad(out.sum(), x, create_graph=True)
         (out.sum() + penalty.square().sum()).backward()
-    return nested_record, ddp_watch._progress.read()
+    return nested_record, ddp_watch.record().read()
 
 
 def test_a_nested_output_and_a_gradient_penalty_leave_the_steps_right():
@@ -324,7 +324,7 @@ def _fsdp_step():
 
     model = FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
     model(torch.ones(2, 4)).sum().backward()
-    return ddp_watch._progress.read()
+    return ddp_watch.record().read()
 
 
 def test_fsdps_collectives_are_named_as_fsdps():

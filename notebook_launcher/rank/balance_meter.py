@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 from ..schema.events import BALANCE
+from . import context
 from .memory import peak_memory_figures
 
 INTERVAL_S = 10.0
@@ -25,7 +26,7 @@ MAX_STEPS = 2048  # step records in one event (a small DDP model on CPU makes ~3
 DDP_STEPS = "ddp"
 REPORTED_STEPS = "report"
 
-_meter = None  # the rank's meter, set by connect() in a launched worker
+_meter = None  # the rank's meter, from start() to finish() in a launched worker
 
 
 class _NoRecord:
@@ -102,10 +103,12 @@ class BalanceMeter:
         self.emit(BALANCE, data)
 
 
-def connect(emit, progress) -> None:
-    """In a launched worker, just before the function runs: measure from now on."""
+def start() -> None:
+    """In a launched worker, just before the function runs: measure from now on (``context.current``'s writer
+    and progress record)."""
     global _meter
-    _meter = BalanceMeter(emit, progress if progress is not None else _NoRecord())
+    rank = context.current
+    _meter = BalanceMeter(rank.emit, rank.progress if rank.progress is not None else _NoRecord())
 
 
 def step_done(source: str, step: int | None = None, owner: object = None, ddp_wait: float | None = None):

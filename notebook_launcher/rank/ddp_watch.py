@@ -1,8 +1,8 @@
 """DDP's own collectives in the rank's progress record, so a hang inside DDP says where it is.
 
 ``torch.nn.parallel.DistributedDataParallel`` runs its collectives in C++ (the reducer's gradient all_reduce in
-backward, the buffer broadcast in forward), out of sight of the Python-level hooks of ``ops.connect``. In a
-launched worker, ``connect(progress)`` makes every DDP model made afterwards report them, without changing what
+backward, the buffer broadcast in forward), out of sight of the Python-level hooks of ``ops.install``. In a
+launched worker, ``install()`` makes every DDP model made afterwards report them, without changing what
 DDP computes or how, and without running any Python inside the backward on most steps (a Python hook inside
 the autograd engine costs a small model several percent of its step):
 
@@ -65,7 +65,7 @@ from torch.nn.parallel import distributed as _ddp_module
 from torch.nn.parallel.distributed import _DDPJoinHook
 
 from ..schema.progress_record import DDP_GRADIENTS
-from . import balance_meter
+from . import balance_meter, context
 from .ops import call_site, set_inside
 
 ENV_VAR = "NOTEBOOK_LAUNCHER_DDP_WATCH"
@@ -81,7 +81,6 @@ _BACKWARD = "_engine_run_backward"
 _OFF_VALUES = ("0", "false", "no", "off", "n", "f")
 _engine = torch.autograd.Variable._execution_engine
 _originals: dict = {}
-_progress = None  # the rank's ProgressRecord, set by connect()
 _armed: list = []  # the watches whose synchronizing forward ran and whose backward has not started
 _in_backward = False  # inside a backward this module recorded (one nested in it is not another step)
 
@@ -90,13 +89,12 @@ def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip().lower() not in _OFF_VALUES
 
 
-def connect(progress) -> bool:
-    """Every DDP model made from now on in this process reports its collectives to ``progress``; False (and
-    nothing changed) when ``NOTEBOOK_LAUNCHER_DDP_WATCH`` turns it off."""
-    global _progress
-    if not enabled() or progress is None:
+def install() -> bool:
+    """Every DDP model made from now on in this process reports its collectives to the rank's progress record
+    (``context.current.progress``); False (and nothing changed) when ``NOTEBOOK_LAUNCHER_DDP_WATCH`` turns it off
+    or the rank has no record."""
+    if not enabled() or context.current.progress is None:
         return False
-    _progress = progress
     if not _originals:
         for owner, name, replacement in _PATCHES:
             if name in owner.__dict__:  # (torch before 2.3 has no _engine_run_backward: DDP's backward unseen)
@@ -105,14 +103,19 @@ def connect(progress) -> bool:
     return True
 
 
-def disconnect() -> None:
-    """DDP as torch has it; models made while connected record nothing more."""
-    global _progress, _in_backward
+def uninstall() -> None:
+    """DDP as torch has it; models made while it was installed record nothing more."""
+    global _in_backward
     for owner, name, _ in _PATCHES:
         if name in _originals:
             setattr(owner, name, _originals.pop(name))
-    _progress, _in_backward = None, False
+    _in_backward = False
     _armed.clear()
+
+
+def record():
+    """The rank's progress record while DDP is watched (installed), else None."""
+    return context.current.progress if _originals else None
 
 
 class _Watch:
@@ -209,7 +212,8 @@ def _run_backward(t_outputs, *args, **kwargs):
     Not ``torch.autograd.grad`` (it accumulates no gradient: DDP reduces nothing), nor a backward inside one
     (a reentrant checkpoint's)."""
     global _in_backward
-    if not _armed or _progress is None or _in_backward or kwargs.get("accumulate_grad") is False:
+    progress = record()
+    if not _armed or progress is None or _in_backward or kwargs.get("accumulate_grad") is False:
         return _originals[_BACKWARD](t_outputs, *args, **kwargs)
     watches = _armed.copy()
     _armed.clear()
@@ -217,14 +221,14 @@ def _run_backward(t_outputs, *args, **kwargs):
         watch.step += 1
     first = watches[0]
     if first.sampled:
-        _progress.ddp_site(call_site())  # the user's loss.backward(), on sampled steps only (it costs)
-    entered = _progress.enter_ddp(first.step)
+        progress.ddp_site(call_site())  # the user's loss.backward(), on sampled steps only (it costs)
+    entered = progress.enter_ddp(first.step)
     _in_backward = True
     try:
         return _originals[_BACKWARD](t_outputs, *args, **kwargs)
     finally:
         _in_backward = False
-        _progress.leave_ddp(entered)
+        progress.leave_ddp(entered)
         try:
             for watch in watches:  # most steps: nothing more (neither sampled nor the step before one)
                 if watch.sampled or (watch.step + 1) % watch.period == 0:
@@ -235,7 +239,7 @@ def _run_backward(t_outputs, *args, **kwargs):
 
 def _init(self, *args, **kwargs):
     _originals["__init__"](self, *args, **kwargs)
-    if _progress is not None and dist.is_initialized():
+    if record() is not None and dist.is_initialized():
         self.__dict__[_ATTRIBUTE] = _Watch(self)
 
 
@@ -244,7 +248,7 @@ def _construction_collective(name: str):
     each is recorded as the parameter broadcast, the rest of the construction as the rank's own work."""
 
     def collective(*args, **kwargs):
-        if _progress is None:
+        if record() is None:
             return _originals[name](*args, **kwargs)
         with _Inside(PARAMETERS, 0):
             return _originals[name](*args, **kwargs)
@@ -253,7 +257,7 @@ def _construction_collective(name: str):
 
 
 def _register_comm_hook(self, state: object, hook) -> None:
-    if _progress is None or not callable(hook):
+    if record() is None or not callable(hook):
         return _originals["register_comm_hook"](self, state, hook)
 
     @functools.wraps(hook)  # DDP checks the hook's name and signature
@@ -270,14 +274,14 @@ def _register_comm_hook(self, state: object, hook) -> None:
 def _post_forward(self, output):
     output = _originals["_post_forward"](self, output)
     watch = self.__dict__.get(_ATTRIBUTE)
-    if watch is not None and _progress is not None:
+    if watch is not None and record() is not None:
         watch.after_forward(self, output)
     return output
 
 
 def _sync_buffers(self):
     watch = self.__dict__.get(_ATTRIBUTE)
-    if watch is None or _progress is None:
+    if watch is None or record() is None:
         return _originals["_sync_buffers"](self)
     with _Inside(BUFFERS, watch.step + 1):  # before the backward of the coming step
         return _originals["_sync_buffers"](self)
@@ -285,7 +289,7 @@ def _sync_buffers(self):
 
 def _join_main_hook(self):
     watch = self.ddp.__dict__.get(_ATTRIBUTE)
-    if watch is None or _progress is None:
+    if watch is None or record() is None:
         return _originals["main_hook"](self)
     with _Inside(JOIN, watch.step):
         return _originals["main_hook"](self)
@@ -299,12 +303,13 @@ class _Inside:
         self.operation, self.step = operation, step
 
     def __enter__(self):
-        _progress.enter(self.operation, call_site(), self.step)
+        self.progress = record()
+        self.progress.enter(self.operation, call_site(), self.step)
         self.outer = set_inside(True)
 
     def __exit__(self, *exc_info):
         set_inside(self.outer)
-        _progress.leave()
+        self.progress.leave()
         return False
 
 

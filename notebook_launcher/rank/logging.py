@@ -20,8 +20,8 @@ import warnings
 from collections.abc import Mapping
 
 from ..schema.events import LOG, RECORD_KEYS, RECORD_TYPES, EventWriter
+from . import context
 
-_channel: EventWriter | None = None
 _in_order_calls = 0
 _in_order_lock = threading.Lock()
 _root = logging.getLogger()
@@ -43,23 +43,24 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if isinstance(level, str):
             level = logging.getLevelName(level.upper())
         order = _next_in_order_id() if in_order and not main_process_only else None
+        channel = context.current.writer  # a launched rank's: records go to the kernel as events
         skip = (local_main_process_only and _env_int("LOCAL_RANK") != 0) or (
             main_process_only and not local_main_process_only and _env_int("RANK") != 0)
         if skip or not self.logger.isEnabledFor(level):
-            if order is not None and _channel is not None:
-                _channel.emit(LOG, {"in_order": order, "skipped": True})  # the kernel need not wait for us
+            if order is not None and channel is not None:
+                channel.emit(LOG, {"in_order": order, "skipped": True})  # the kernel need not wait for us
             return
-        if not kwargs and _channel is not None and _FAST_CALLER and type(level) is int \
+        if not kwargs and channel is not None and _FAST_CALLER and type(level) is int \
                 and type(self) is MultiProcessAdapter and _only_event_handler(self.logger):
             try:
                 values = _record_values(self.logger, level, msg, args, stacklevel)
                 if order is None and type(values[0]) is type(values[2]) is str and type(values[5]) is int:
-                    _channel.emit_record(values)  # (RECORD_TYPES: a custom level's name or a logger's may not be)
+                    channel.emit_record(values)  # (RECORD_TYPES: a custom level's name or a logger's may not be)
                     return
                 data = dict(zip(RECORD_KEYS, values))
                 if order is not None:
                     data["in_order"] = order
-                _channel.emit(LOG, data)
+                channel.emit(LOG, data)
                 return
             except Exception:  # noqa: BLE001 - a message that does not format: logging's own path reports it
                 pass
@@ -205,14 +206,15 @@ def _record_values(logger: logging.Logger, level: int, msg, args, stacklevel: in
             time.time())
 
 
-def install_event_logging(channel: EventWriter, kernel_streams) -> None:
-    """In a worker: send every record (and ``warnings.warn``) to the kernel as events.
+def install_event_logging(kernel_streams) -> None:
+    """In a worker: send every record (and ``warnings.warn``) to the kernel as events (``context.current``'s
+    writer).
 
     Handlers the notebook attached to the root logger that wrote to the kernel's own stdout/stderr are replaced
     by the event handler (they would print each record a second time).
     """
-    global _channel, _in_order_calls
-    _channel = channel
+    global _in_order_calls
+    channel = context.current.writer
     _in_order_calls = 0  # a forked worker inherits the kernel's count; every rank starts from the same place
     root = logging.getLogger()
     stream_ids = {id(stream) for stream in kernel_streams}

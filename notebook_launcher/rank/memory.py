@@ -23,10 +23,9 @@ import json
 import os
 import resource
 import sys
-from collections.abc import Callable
-from typing import NamedTuple
 
 from ..schema.events import BATCH_SIZE
+from . import context
 
 BATCH_SIZES_ENV_VAR = "NOTEBOOK_LAUNCHER_BATCH_SIZES"  # set by the kernel on a restart: {function key: size}
 _OOM_TEXTS = (
@@ -39,21 +38,6 @@ _OOM_TEXTS = (
 )
 
 
-class _Worker(NamedTuple):
-    """What connect() tells this module in a launched worker; outside one, nothing is sent and retries are local."""
-
-    emit: Callable | None = None  # the rank's event writer: each try's batch size becomes an event
-    distributed: bool = False  # the rank has peers: a retry then restarts the whole group
-
-
-_worker = _Worker()  # set only by connect()
-
-
-def connect(emit, distributed: bool) -> None:
-    """In a launched worker: each try sends a ``batch_size`` event through ``emit``; with ``distributed`` (the
-    rank has peers) an out-of-memory error ends the rank with OutOfMemoryRetry, for the kernel to restart all."""
-    global _worker
-    _worker = _Worker(emit, distributed)
 
 
 class OutOfMemoryRetry(Exception):
@@ -170,8 +154,9 @@ def find_executable_batch_size(function=None, starting_batch_size: int = 128, re
             if batch_size <= 0:
                 raise RuntimeError(f"No executable batch size found, reached zero. Tried: {tried}.")
             tried.append(batch_size)
-            if _worker.emit is not None:
-                _worker.emit(BATCH_SIZE, {"key": key, "batch_size": batch_size})
+            emit = context.current.emit  # in a launched worker: each try is a batch_size event
+            if emit is not None:
+                emit(BATCH_SIZE, {"key": key, "batch_size": batch_size})
             try:
                 return function(batch_size, *args, **kwargs)
             except Exception as error:  # noqa: BLE001 - only out-of-memory errors are handled below
@@ -181,7 +166,7 @@ def find_executable_batch_size(function=None, starting_batch_size: int = 128, re
                 free_memory()
                 if new_batch_size <= 0:
                     raise RuntimeError(f"No executable batch size found, reached zero. Tried: {tried}.") from error
-                if _worker.distributed:
+                if context.current.distributed:  # peers: the kernel restarts the whole group
                     raise OutOfMemoryRetry(key, batch_size, new_batch_size, error) from error
                 print(f"out of memory at batch size {batch_size} ({type(error).__name__}: "
                       f"{(str(error).strip().splitlines() or [''])[0][:200]}); trying {new_batch_size}",

@@ -16,7 +16,7 @@ know::
       - Process 0: [1, 5]
       - Process 1: [1, 2, 5]
 
-In a launched worker (after ``connect()``) the raw ``torch.distributed`` collectives are checked too (so
+In a launched worker (after ``install()``) the raw ``torch.distributed`` collectives are checked too (so
 Accelerate's own ops and library code are covered), and each collective records where the rank is (for hang
 diagnosis), debug mode or not; FSDP's are recorded as ``FSDP <collective>``. What the ranks compare, and the
 messages, live in ``agreement``; ``any_rank`` is the one collective other modules build on (``check_trigger``).
@@ -29,43 +29,33 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from ..schema.errors import NotebookLauncherError
 from ..schema.events import SHAPE_MISMATCH, TRUE_VALUES
+from . import context
 from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
 from .carry import can_finish_from_carried, finish_from_carried
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
-# the originals (before connect() wraps them) of the raw collectives this torch has
+# the originals (before install() wraps them) of the raw collectives this torch has
 _raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES if hasattr(dist, name)}
 _gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
 _state = threading.local()  # .inside: a collective is in progress on this thread (nested calls are not checked)
 
 
-class _Worker(NamedTuple):
-    """What connect() tells ops in a launched worker; outside one every field is None."""
-
-    emit: Callable | None = None  # the rank's event writer: a mismatch becomes a shape_mismatch event
-    debug: bool | None = None  # the launch's debug=True/False; None: ACCELERATE_DEBUG_MODE decides at each call
-    progress: object | None = None  # the rank's ProgressRecord (hang diagnosis)
-
-
-_worker = _Worker()  # set only by connect()
-
-
 class DistributedOperationException(NotebookLauncherError):
     """Ranks called a collective with different shapes, dtypes or operations (raised on every rank)."""
+
+    raised_on_every_rank = True
 
 
 def debug_mode_enabled() -> bool:
     """The launch's ``debug=`` in its workers, else ``ACCELERATE_DEBUG_MODE`` read now (a function may set it)."""
-    if _worker.debug is not None:
-        return _worker.debug
+    if context.current.debug is not None:
+        return context.current.debug
     return os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in TRUE_VALUES
 
 
@@ -217,10 +207,11 @@ class _collective:
             return self
         _state.inside = True
         site = self.site
-        if _worker.progress is not None:
+        self.progress = progress = context.current.progress
+        if progress is not None:
             site = site or call_site()
             name = self.operation.rsplit(".", 1)[-1]
-            _worker.progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
+            progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
         try:
             if debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
@@ -233,8 +224,8 @@ class _collective:
     def __exit__(self, *exc_info):
         if self.outer:
             _state.inside = False
-            if _worker.progress is not None:
-                _worker.progress.leave()
+            if self.progress is not None:
+                self.progress.leave()
         return False
 
 
@@ -280,8 +271,9 @@ def check_agreement(operation: str, subject, rule: str, group=None, site: str | 
     sites = [None] * world_size
     _raw["all_gather_object"](sites, site or call_site(), group=group)  # the slow path: we fail anyway
     report = mismatch(operation, rows, sites)
-    if _worker.emit is not None and dist.get_rank(group) == 0:
-        _worker.emit(SHAPE_MISMATCH, report)
+    emit = context.current.emit
+    if emit is not None and dist.get_rank(group) == 0:
+        emit(SHAPE_MISMATCH, report)
     raise DistributedOperationException(report["message"])
 
 
@@ -369,12 +361,9 @@ _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
 
 
 # -- the raw collectives in a worker -----------------------------------------------------------------------------
-def connect(emit, debug: bool | None = None, progress=None) -> None:
-    """In a launched worker: torch.distributed's collectives record where the rank is in ``progress`` and, in
-    debug mode, check agreement first, a mismatch going to ``emit`` (the rank's ``EventWriter.emit``) as an event.
-    ``debug`` True/False overrides the environment; None reads it at each call."""
-    global _worker
-    _worker = _Worker(emit, debug, progress)
+def install() -> None:
+    """In a launched worker: torch.distributed's collectives record where the rank is (``context.current``'s
+    progress) and, in debug mode, check agreement first, a mismatch going to its writer as an event."""
     for name, original in _raw.items():
         setattr(dist, name, _wrapped(name, original, *RAW_COLLECTIVES[name]))
 

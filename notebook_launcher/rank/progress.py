@@ -10,15 +10,7 @@ import math
 import numbers
 
 from ..schema.events import PROGRESS
-from . import balance_meter
-
-_emit = None  # set only by connect(): the rank's event writer in a launched worker
-
-
-def connect(emit) -> None:
-    """In a launched worker: each ``report()`` becomes a ``progress`` event through ``emit``."""
-    global _emit
-    _emit = emit
+from . import balance_meter, context
 
 
 def report(step: int | None = None, *, total: int | None = None, **metrics) -> None:
@@ -50,8 +42,9 @@ def report(step: int | None = None, *, total: int | None = None, **metrics) -> N
                             f"not {type(value).__name__}")
         value = float(value)
         values[name] = value if math.isfinite(value) else str(value)  # nan/inf stay visible, JSON stays valid
-    if _emit is not None:
+    emit = context.current.emit
+    if emit is not None:
         if step is not None:
             balance_meter.step_done(balance_meter.REPORTED_STEPS, int(step))
-        _emit(PROGRESS, {"step": None if step is None else int(step), "total": None if total is None else int(total),
-                    "metrics": values})
+        emit(PROGRESS, {"step": None if step is None else int(step), "total": None if total is None else int(total),
+                        "metrics": values})

@@ -10,7 +10,9 @@ import os
 import sys
 import traceback
 
+from ..schema.errors import NotebookLauncherError
 from ..schema.events import FAILURE, RESULT, STATUS
+from .memory import OutOfMemoryRetry
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -64,8 +66,8 @@ def report_failure(events, exc: BaseException, exit_code: int, message: str | No
         "traceback": text,
         "exit_code": exit_code,
         # debug mode's check fails on every rank together: the kernel lets the others report it too
-        "all_ranks_raise": type(exc).__name__ == "DistributedOperationException",
-        "oom_retry": getattr(exc, "event_data", None) if type(exc).__name__ == "OutOfMemoryRetry" else None,
+        "all_ranks_raise": isinstance(exc, NotebookLauncherError) and exc.raised_on_every_rank,
+        "oom_retry": exc.event_data if isinstance(exc, OutOfMemoryRetry) else None,
     })
 
 

@@ -14,24 +14,18 @@ In a launched worker the kernel is told which rank set the trigger and where.
 from __future__ import annotations
 
 from ..schema.events import TRIGGER
-from . import ops
+from . import context, ops
 
 _flag = False  # this rank called set_trigger() since the last check
-_emit = None  # set only by connect(): the rank's event writer in a launched worker
-
-
-def connect(emit) -> None:
-    """In a launched worker: each ``set_trigger()`` also becomes a ``trigger`` event through ``emit``."""
-    global _emit
-    _emit = emit
 
 
 def set_trigger() -> None:
     """Ask every rank to stop at the next ``check_trigger()``."""
     global _flag
     _flag = True
-    if _emit is not None:
-        _emit(TRIGGER, {"call_site": ops.call_site()})
+    emit = context.current.emit  # in a launched worker the kernel hears of it at once
+    if emit is not None:
+        emit(TRIGGER, {"call_site": ops.call_site()})
 
 
 def check_trigger() -> bool:

@@ -24,13 +24,15 @@ import pickle
 import signal
 import sys
 import time
+from dataclasses import replace
 
 from ..schema.events import STATUS, EventWriter, WorkerSpec
 from ..schema.proctree import become_subreaper, die_with_parent, end_own_descendants
 from ..schema.progress_record import ProgressRecord
 from ..schema.results import inherit_kernel_main
-from . import balance_meter
+from . import balance_meter, context
 from .accelerate_state import prepare_accelerate
+from .context import RankContext
 from .logging import install_event_logging
 from .reporting import call_and_report
 from .streams import FdTextStream, one_write_print
@@ -98,8 +100,9 @@ def _run(spec: WorkerSpec, load_function) -> int:
         events = OrdinalWriters(spec)
     else:
         events = EventWriter(spec.events_fd, spec.rank)
+    context.enter(RankContext(writer=events))  # what every hook of this rank sends goes through it
     kernel_streams = _capture_streams(spec, events)
-    install_event_logging(events, kernel_streams)
+    install_event_logging(kernel_streams)
     _retarget_logging_handlers(kernel_streams)
     if spec.device == "xla":
         exit_code = run_host(spec, events, load_function)
@@ -119,10 +122,14 @@ def _run_rank(spec: WorkerSpec, events: EventWriter, load_function) -> int:
         function, args = load_function()
         prepare_accelerate(cpu_launch=spec.device == "cpu")
         _limit_cpu_threads(spec)
-        progress = _install_collective_hooks(spec, events) if _init_process_group(spec) else None
-        _prepare_memory_handling(spec, events)
-        _connect_progress_reports(events)
-        balance_meter.connect(events.emit, progress)
+        grouped = _init_process_group(spec)
+        progress = ProgressRecord(spec.progress_path) if grouped and spec.progress_path else None
+        context.enter(replace(context.current, progress=progress, debug=spec.debug,
+                              distributed=spec.world_size > 1))
+        if grouped:
+            _install_collective_hooks()
+        _limit_memory(spec)
+        balance_meter.start()
         events.emit(STATUS, {"state": "running"})
         try:
             return function(*args)
@@ -195,34 +202,19 @@ def _retarget_logging_handlers(previous_streams) -> None:
                 handler.stream = sys.stdout if previous_ids[id(stream)] in (0, 2) else sys.stderr
 
 
-def _install_collective_hooks(spec: WorkerSpec, events: EventWriter) -> ProgressRecord | None:
+def _install_collective_hooks() -> None:
     """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
-    checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked);
-    set_trigger() tells the kernel."""
-    from . import ops, triggers
+    checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked; see
+    ddp_watch, NOTEBOOK_LAUNCHER_DDP_WATCH=0: not). What they record and send is ``context.current``'s."""
+    from . import ddp_watch, ops
 
-    progress = ProgressRecord(spec.progress_path) if spec.progress_path else None
-    ops.connect(events.emit, debug=spec.debug, progress=progress)
-    triggers.connect(events.emit)
-    if progress is not None:  # DDP's C++ collectives too (see ddp_watch; NOTEBOOK_LAUNCHER_DDP_WATCH=0: not)
-        from . import ddp_watch
-
-        ddp_watch.connect(progress)
-    return progress
+    ops.install()
+    ddp_watch.install()
 
 
-def _connect_progress_reports(events: EventWriter) -> None:
-    from . import progress
-
-    progress.connect(events.emit)
-
-
-def _prepare_memory_handling(spec: WorkerSpec, events: EventWriter) -> None:
-    """find_executable_batch_size reports each try; with peers, an out-of-memory error restarts the group.
-    ``memory_limit`` caps the worker's address space, so an allocation over it fails as a real CPU OOM."""
-    from . import memory
-
-    memory.connect(events.emit, distributed=spec.world_size > 1)
+def _limit_memory(spec: WorkerSpec) -> None:
+    """``memory_limit`` caps the worker's address space, so an allocation over it fails as a real CPU OOM
+    (find_executable_batch_size reports each try; with peers, an out-of-memory error restarts the group)."""
     if spec.memory_limit:
         import resource
 

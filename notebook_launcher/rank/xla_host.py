@@ -63,10 +63,8 @@ def run_host(spec: WorkerSpec, writers: OrdinalWriters, load_function) -> int:
 
     An ordinal reports its own end; an error of torch_xla's own (a process of its pool killed, a runtime that
     cannot start) is reported as the host's, on its first rank."""
-    from . import progress
 
     os.environ.update({name: value for name, value in spec.env.items() if name not in ("RANK", "LOCAL_RANK")})
-    progress.connect(writers.emit)
     try:
         function, args = load_function()
         xmp = importlib.import_module("torch_xla.distributed.xla_multiprocessing")

@@ -12,6 +12,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 class NotebookLauncherError(Exception):
     """Base of notebook_launcher's own errors."""
 
+    raised_on_every_rank = False  # True: every rank raises it together (the kernel lets each report it)
+
     def _render_traceback_(self) -> list[str]:
         """What IPython shows for this error: the notebook's own frames down to the call, then the message. The
         launcher's frames add nothing to the story (IPython would still show the one that raised); a plain
