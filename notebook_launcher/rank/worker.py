@@ -33,6 +33,7 @@ from . import balance_meter
 from .accelerate_state import prepare_accelerate
 from .logging import install_event_logging
 from .reporting import call_and_report
+from .rich_output import install as install_rich_output
 from .streams import FdTextStream, one_write_print
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
@@ -100,6 +101,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
         events = EventWriter(spec.events_fd, spec.rank)
     kernel_streams = _capture_streams(spec, events)
     install_event_logging(events, kernel_streams)
+    install_rich_output(events.emit)  # display(), figures, widgets: as events, not on the kernel's sockets
     _retarget_logging_handlers(kernel_streams)
     if spec.device == "xla":
         exit_code = run_host(spec, events, load_function)
