@@ -69,7 +69,7 @@ class RankOutputs:
                 self._put(slot, bundle, metadata, size)
             return
         if self._clear_pending:
-            self._clear()
+            self._clear(keep_first=True)  # (the display that follows a clear(wait=True) takes the first output)
         slot = self._free.pop(0) if self._free else None
         if slot is None and len(self._slots) >= MAX_OUTPUTS:
             self._leave_out(size)
@@ -121,12 +121,12 @@ class RankOutputs:
         self.held_bytes += size - held["bytes"]
         held["bytes"] = size
 
-    def _clear(self) -> None:
+    def _clear(self, keep_first: bool = False) -> None:
         """Rank 0's outputs blanked (never the panel's), free for the next displays."""
         self._clear_pending = False
         self._ids.clear()
         for slot, held in enumerate(self._slots):
-            if held["bytes"] and held["handle"] is not None:
+            if held["bytes"] and held["handle"] is not None and not (keep_first and slot == 0):
                 self._put(slot, dict(BLANK), {}, 0)
         self._free = list(range(len(self._slots)))
 

@@ -234,12 +234,25 @@ def _quiet_widgets(sender: RankDisplays) -> None:
     def create_comm(*args, **kwargs):
         if not sender.widget_noted:
             sender.widget_noted = True
-            name = getattr(sys._getframe(1).f_locals.get("self"), "__class__", type(None)).__name__
-            print(WIDGET_NOTE.format(name=name if name != "NoneType" else "a widget"), file=sys.stderr)
+            print(WIDGET_NOTE.format(name=_widget_name(sys._getframe(1))), file=sys.stderr)
         kwargs.pop("show_warning", None)
         return comm.DummyComm(*args, **kwargs)
 
     comm.create_comm = create_comm
+
+
+def _widget_name(frame) -> str:
+    """The class of the outermost widget being made a few frames up (an IntSlider, not the Layout it makes
+    first), or "a widget"."""
+    name = "a widget"
+    for _ in range(16):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None and type(owner).__module__.startswith("ipywidgets"):
+            name = type(owner).__name__
+        frame = frame.f_back
+    return name
 
 
 def _console_tqdm() -> None:
