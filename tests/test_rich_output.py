@@ -232,3 +232,74 @@ def test_a_rank_sends_bounded_bundles_and_thins_updates(monkeypatch):
     monkeypatch.setattr(rich_output, "MAX_RANK_DISPLAYS", len(sent))
     displays.display({"text/plain": "one too many"}, None, None, False)
     assert displays.left_out == 1 and "1 left out" in displays.summary()
+
+
+TRAINER_CELL = '''\
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from notebook_launcher import notebook_launcher
+
+def train(output_dir):
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32, bos_token_id=0,
+                        eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+
+    class RandomTokens(torch.utils.data.Dataset):
+        ids = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(1))
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, index):
+            return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=4, num_train_epochs=1,
+                             report_to=[], save_strategy="no", use_cpu=True, logging_steps=1)
+    return Trainer(model=model, args=args, train_dataset=RandomTokens()).train().global_step
+
+steps = notebook_launcher(train, args=("trainer",), num_processes=2, device="cpu")
+'''
+
+
+@pytest.mark.slow
+def test_trainers_notebook_callback_shows_its_loss_table_in_the_cell(tmp_path, runs_dir):
+    """Trainer in a notebook picks NotebookProgressCallback (a display, then updates of its display id): its
+    progress bar and "Training Loss" table are one output of the cell, updated to the last step, and saved."""
+    pytest.importorskip("transformers")
+    import nbformat
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    notebook = new_notebook(cells=[new_code_cell(TRAINER_CELL), new_code_cell("print('steps', steps)")],
+                            metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3",
+                                                     "language": "python"}})
+    env = {"HF_HUB_OFFLINE": "1", "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir)}
+    with _environ(env):
+        NotebookClient(notebook, timeout=240, kernel_name=KERNEL_NAME,
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+    path = tmp_path / "trainer.ipynb"
+    nbformat.write(notebook, str(path))
+    outputs = nbformat.read(str(path), as_version=4).cells[0].outputs
+    tables = [output for output in outputs if output.output_type == "display_data"
+              and "Training Loss" in output.data.get("text/html", "")]
+    assert len(tables) == 1, [output.data.get("text/plain") for output in outputs if "data" in output]
+    table = tables[0].data["text/html"]
+    assert table.count("<tr>") == 8 and "<td>8</td>" in table  # a row per step (64 samples, 2 ranks of 4)
+    assert "8/8" in table  # its progress bar, at the end
+    assert tables[0].data["text/plain"].startswith("[rank 0] ")
+    assert "steps 8" in "".join(output.get("text", "") for output in notebook.cells[1].outputs)
+
+
+@contextlib.contextmanager
+def _environ(values: dict):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
