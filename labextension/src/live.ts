@@ -2,8 +2,8 @@
  * Following a run live over a comm to its kernel (../SCHEMA.md, "Live updates"). The kernel holds one comm per
  * run, with the id `${TARGET}.${run_id}` (`runCommId`), without announcing it. A panel showing a running run makes
  * its end of that comm in the page (no `comm_open`) and sends `{want: "full"}` on it, over the main shell, never
- * a subshell: ipykernel 7 (7.4, as tested) files the request on its shell channel's thread while the cell runs, and the kernel
- * answers with the full state, then deltas, over IOPub. Nothing the panel sends makes the kernel publish a
+ * a subshell: ipykernel 7 (7.4, as tested) files the request on its shell channel's thread while the cell runs,
+ * and the kernel answers with the full state, then deltas, over IOPub. Nothing the panel sends makes the kernel publish a
  * `busy`/`idle` status while the cell runs (a subshell's `idle` is taken for the kernel's: jupyterlab#10701), so
  * the kernel indicator stays busy. Every view of the run in this page shares one comm and one state; a reload or
  * a second tab asks again and catches up from the full state (which every page following the run receives).

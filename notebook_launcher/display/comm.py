@@ -5,7 +5,7 @@ Each run has a comm of its own that the kernel holds without announcing it (no `
 and sends ``{"want": "full"}`` on it: once when it starts to follow the run, and whenever it missed a delta. It
 never opens a comm and never uses a subshell, so the kernel publishes no ``busy``/``idle`` status for the panel
 while the cell runs (JupyterLab would take a subshell's ``idle`` for the kernel's, jupyterlab#10701). ipykernel
-(7.2 and later) asks the comm, on its shell channel's thread, where to route a message on it
+(7.4, as tested) asks the comm, on its shell channel's thread, where to route a message on it
 (``_reply_subshell_for``): the request is filed here right there, and the message goes on to the main shell,
 which handles it once the cell is over (by then the run has ended: the final state is the answer). The
 launching cell's thread (``PanelDisplay.tick``) sends the full state to a comm that asked, then deltas; the
