@@ -8,6 +8,7 @@ to send message from fork". Without a kernel: the bounds of both sides.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 
@@ -220,7 +221,7 @@ def test_a_rank_sends_bounded_bundles_and_thins_updates(monkeypatch):
     sent = []
     displays = rich_output.RankDisplays(lambda kind, data: sent.append(data))
     displays.display({"text/plain": "fig", "image/png": b"\x89PNG" * 10}, {"image/png": {"width": 4}}, None, False)
-    assert sent[-1]["data"]["image/png"] == "iVBORw==" * 10 and sent[-1]["metadata"] == {"image/png": {"width": 4}}
+    assert sent[-1]["data"]["image/png"] == base64.b64encode(b"\x89PNG" * 10).decode() and sent[-1]["metadata"] == {"image/png": {"width": 4}}
     displays.display({"text/plain": "huge", "text/html": "x" * (rich_output.MAX_BUNDLE_BYTES + 1)}, None, None, False)
     assert sent[-1]["data"] == {"text/plain": "huge"} and sent[-1]["omitted"] == ["text/html"]
     count = len(sent)
