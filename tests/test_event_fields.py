@@ -35,6 +35,8 @@ VALID = {
     "progress": {"step": 1, "total": 10, "metrics": {"loss": 0.5, "acc": "nan"}},
     "balance": {"elapsed": 1.0, "waited": 0.25, "steps": [[1, 0.5, 0.1], [2, 0.9, 0.2, None]],
                 "step_source": "report", "final": False, "peak_rss": 1000, "cuda": None},
+    "display": {"op": "display", "display_id": "crafted", "wait": False, "omitted": ["text/html"], "bytes": 9,
+                "data": {"text/plain": "'crafted'"}, "metadata": {}},
 }
 NAN = float("nan")
 WRONG = [7, 2.5, "text", True, None, [1, 2], {"a": 1}, (1, 2)]

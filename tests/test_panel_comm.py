@@ -97,3 +97,64 @@ def test_a_comm_opened_during_the_run_gets_the_state_then_deltas_with_every_line
     assert len(during) <= 6 / REFRESH_S + 1  # the MIME output: rare while a panel listens
     assert len(deltas) >= 4 * 4  # several a second while lines arrive
     assert mime[-1][1][PANEL_MIME]["status"] == "finished"
+
+
+HELD_CELL = '''\
+import os, time
+from notebook_launcher import notebook_launcher
+
+def ticking(seconds):
+    rank = int(os.environ["RANK"])
+    for i in range(int(seconds * 10)):
+        print(f"rank {rank} line {i}", flush=True)
+        time.sleep(0.1)
+    return rank
+
+notebook_launcher(ticking, args=(5,), num_processes=2, device="cpu", display="panel")
+'''
+
+
+def test_the_runs_own_comm_answers_every_request_while_the_cell_runs_and_publishes_no_status(tmp_path, runs_dir):
+    """As the extension does now: no comm_open, no subshell; ``{"want": "full"}`` on the run's own comm (its id
+    from the run id), over the main shell, busy with the cell. Each request is answered while the run goes on,
+    and no status but the cell's own reaches IOPub until the cell is done (JupyterLab's indicator stays busy)."""
+    from notebook_launcher.display.comm import run_comm_id
+
+    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir)}
+    with running_kernel(tmp_path, env) as (km, kc, kernel):
+        msg_id = kc.execute(HELD_CELL)
+        comm_id, asked, answers, fulls, statuses, seen = None, [], [], 0, [], None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                msg = kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                msg = None
+            now = time.monotonic()
+            if comm_id is not None and len(asked) < 5 and now - (asked[-1] if asked else 0) > 0.7:
+                request = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"want": "full"}})
+                kc.shell_channel.send(request)
+                asked.append(now)
+            if msg is None:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status":
+                statuses.append((msg["parent_header"].get("msg_type"), content["execution_state"]))
+                if content["execution_state"] == "idle" and msg["parent_header"].get("msg_id") == msg_id:
+                    break
+            elif kind == "display_data" and PANEL_MIME in content["data"] and comm_id is None:
+                comm_id = run_comm_id(content["data"][PANEL_MIME]["run_id"])
+            elif kind == "comm_msg" and content["comm_id"] == comm_id:
+                data = unpack(content["data"], msg.get("buffers"))
+                if data["type"] == "full":
+                    fulls += 1
+                    answers.append((now, data["state"]["status"]))
+                    seen = {**data["state"], "seq": data["seq"]}
+                    caps = data["caps"]
+                elif seen is not None and data["type"] == "delta" and data["base"] == seen["seq"]:
+                    seen = apply_delta(seen, data, caps)
+    assert len(asked) == 5 and fulls == 5, (asked, answers)  # every request answered ...
+    assert all(status in ("starting", "running") for _, status in answers)  # ... while the run went on
+    assert statuses == [("execute_request", "busy"), ("execute_request", "idle")], statuses
+    assert seen["status"] == "finished"
+    assert [line["text"] for line in seen["ranks"][1]["lines"]][-1] == "rank 1 line 49"

@@ -1,12 +1,16 @@
 /**
- * Following a run live over a comm to its kernel (../SCHEMA.md, "Live updates"). A panel showing a running run
- * opens one comm (target `notebook_launcher.panel`, `{run_id}`) through the notebook's kernel connection; the
- * kernel answers with the full state, then deltas (delta.ts). JupyterLab sends comm messages over a kernel
- * subshell, so this works while the launching cell runs. Every view of the run in this page shares one comm and
- * one state; a reload or a second tab opens its own and catches up from the full state.
+ * Following a run live over a comm to its kernel (../SCHEMA.md, "Live updates"). The kernel holds one comm per
+ * run, with the id `${TARGET}.${run_id}` (`runCommId`), without announcing it. A panel showing a running run makes
+ * its end of that comm in the page (no `comm_open`) and sends `{want: "full"}` on it, over the main shell, never
+ * a subshell: ipykernel 7 (7.4, as tested) files the request on its shell channel's thread while the cell runs,
+ * and the kernel answers with the full state, then deltas, over IOPub. Nothing the panel sends makes the kernel publish a
+ * `busy`/`idle` status while the cell runs (a subshell's `idle` is taken for the kernel's: jupyterlab#10701), so
+ * the kernel indicator stays busy. Every view of the run in this page shares one comm and one state; a reload or
+ * a second tab asks again and catches up from the full state (which every page following the run receives).
  *
  * The MIME output (updated rarely while a panel listens) is shown when it is newer than the live state: without
- * a kernel (a saved notebook, a kernel that never answers) it is the panel, as before.
+ * a kernel that answers (a saved notebook, ipykernel 6, whose main shell answers only after the cell) it is the
+ * panel, updated a few times a second, as in a frontend without this extension.
  *
  * `LiveRuns` holds what the page follows. The `notebook-launcher-panel:live` plugin (index.ts) makes the page's
  * one and provides it as `ILiveRuns`; each notebook's renderer factory gets it and that notebook's kernel
@@ -49,20 +53,21 @@ export function unpack(msg: ICommMessage): LiveMessage {
 
 /** What the panel needs of a comm (JupyterLab's `Kernel.IComm`). */
 export interface ICommLike {
-  open(data?: unknown): unknown;
   send(data: unknown): unknown;
   onMsg: ((msg: ICommMessage) => void | PromiseLike<void>) | null;
   onClose: ((msg: unknown) => void | PromiseLike<void>) | null;
-  /** Resolves once the comm's kernel subshell exists (JupyterLab 4.4+; never, where the kernel has none). */
-  subshellStarted?: Promise<void>;
+  /** JupyterLab 4.4+: whether the comm's messages go over a subshell; set to "disabled" (the main shell). */
+  commsOverSubshells?: string;
 }
 
-/** How long to wait for the subshell before opening on the main shell (answered only once the cell is done). */
-const SUBSHELL_WAIT_MS = 3000;
+/** The id of a run's comm, as the kernel holds it (notebook_launcher/display/comm.py `run_comm_id`). */
+export function runCommId(runId: string): string {
+  return `${TARGET}.${runId}`;
+}
 
 /** What the panel needs of a kernel connection (JupyterLab's `Kernel.IKernelConnection`). */
 export interface IKernelLike {
-  createComm(target: string): ICommLike;
+  createComm(target: string, commId?: string): ICommLike;
 }
 
 /** Finds the kernel to open a panel's comm on, from the panel's node (null: none, show the output alone). */
@@ -89,9 +94,13 @@ class Follow {
   connect(kernel: IKernelLike): void {
     let comm: ICommLike;
     try {
-      comm = kernel.createComm(TARGET);
+      comm = kernel.createComm(TARGET, runCommId(this.runId));
     } catch {
-      return; // comms disabled on this connection: the MIME output alone
+      return; // comms disabled on this connection, or this comm made already: the MIME output alone
+    }
+    if ('commsOverSubshells' in comm) {
+      // set before the comm starts a subshell of its own (its create/delete requests would publish statuses too)
+      comm.commsOverSubshells = 'disabled';
     }
     this.comm = comm;
     comm.onMsg = msg => this.receive(unpack(msg));
@@ -100,18 +109,21 @@ class Follow {
         this.comm = null;
       }
     };
-    // opened before its subshell exists, the comm would go to the main shell, busy with the launching cell
-    const started = comm.subshellStarted
-      ? Promise.race([comm.subshellStarted, new Promise(resolve => setTimeout(resolve, SUBSHELL_WAIT_MS))])
-      : Promise.resolve();
-    void started
-      .catch(() => undefined)
-      .then(() => comm.open({ run_id: this.runId }))
-      .catch(() => {
-        if (this.comm === comm) {
-          this.comm = null;
-        }
-      });
+    this.askFull();
+  }
+
+  private askFull(): void {
+    const comm = this.comm;
+    if (!this.askedFull && comm) {
+      this.askedFull = true;
+      void Promise.resolve()
+        .then(() => comm.send({ want: 'full' }))
+        .catch(() => {
+          if (this.comm === comm) {
+            this.comm = null;
+          }
+        });
+    }
   }
 
   receive(message: LiveMessage): void {
@@ -124,10 +136,7 @@ class Follow {
       this.set({ ...message.state, seq: message.seq });
     } else if (message.type === 'delta') {
       if (!this.state || !this.caps || !this.live || message.base !== this.state.seq) {
-        if (!this.askedFull && this.comm) {
-          this.askedFull = true; // missed one (or joined mid-way): the whole state again
-          void Promise.resolve(this.comm.send({ want: 'full' })).catch(() => undefined);
-        }
+        this.askFull(); // missed one (or joined mid-way): the whole state again
         return;
       }
       this.set(applyDelta(this.state, message, this.caps));

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { applyDelta, IDelta, IFull, LineRow } from '../src/delta';
-import { ICommLike, IKernelLike, KernelFinder, LiveRuns, TARGET } from '../src/live';
+import { ICommLike, IKernelLike, KernelFinder, LiveRuns, runCommId, TARGET } from '../src/live';
 import { RunRenderer } from '../src/renderer';
 import { IRun, MIME_TYPE } from '../src/schema';
 import { line, rank, run } from './fixtures';
@@ -51,12 +51,10 @@ describe('applyDelta', () => {
 });
 
 class FakeComm implements ICommLike {
-  subshellStarted?: Promise<void>;
-  opened: unknown[] = [];
+  commsOverSubshells = 'perCommTarget';
   sent: unknown[] = [];
   onMsg: ICommLike['onMsg'] = null;
   onClose: ICommLike['onClose'] = null;
-  open(data?: unknown) { this.opened.push(data); }
   send(data: unknown) { this.sent.push(data); }
   deliver(data: unknown) { void this.onMsg?.({ content: { data } }); }
   /** As the kernel sends it (display/comm.py `send`): compact JSON in a binary buffer. */
@@ -70,8 +68,12 @@ class FakeComm implements ICommLike {
 const flush = () => new Promise(resolve => setTimeout(resolve, 0));
 
 class FakeKernel implements IKernelLike {
-  comms: { target: string; comm: FakeComm }[] = [];
-  createComm(target: string) { const comm = new FakeComm(); this.comms.push({ target, comm }); return comm; }
+  comms: { target: string; id?: string; comm: FakeComm }[] = [];
+  createComm(target: string, id?: string) {
+    const comm = new FakeComm();
+    this.comms.push({ target, id, comm });
+    return comm;
+  }
 }
 
 let runs = new LiveRuns();
@@ -90,13 +92,15 @@ function lineTexts(root: ParentNode, rankId: number): string[] {
 describe('a panel following its run over a comm', () => {
   afterEach(() => { runs = new LiveRuns(); document.body.replaceChildren(); });
 
-  it('opens one comm for a running run, shows the full state then each delta, and ignores older outputs', async () => {
+  it('makes one comm for a running run, asks for its state, shows it then each delta, ignores older outputs', async () => {
     const kernel = new FakeKernel();
     const payload = { ...run({ ranks: [rank(0), rank(1)] }), seq: 0 };
     const first = mount(payload, () => kernel);
     const second = mount(payload, () => kernel); // the same run shown twice in the page: one comm
     await flush();
-    expect(kernel.comms.map(c => [c.target, c.comm.opened])).toEqual([[TARGET, [{ run_id: payload.run_id }]]]);
+    // the run's own comm (no comm_open), on the main shell (no subshell), asked for the full state once
+    expect(kernel.comms.map(c => [c.target, c.id, c.comm.commsOverSubshells, c.comm.sent])).toEqual([
+      [TARGET, runCommId(payload.run_id!), 'disabled', [{ want: 'full' }]]]);
     const comm = kernel.comms[0].comm;
     const full: IFull = { type: 'full', run_id: payload.run_id!, seq: 3, caps: { lines: 200, history: 200 },
       state: run({ ranks: [rank(0, { lines: [line(1, 'one')], lines_total: 1 }), rank(1)] }) };
@@ -109,7 +113,8 @@ describe('a panel following its run over a comm', () => {
     expect(lineTexts(first.node, 0)).toEqual(['one', 'two']);
     comm.deliver(delta(6)); // a gap: it asks for the whole state once, and waits for it
     comm.deliver(delta(7));
-    expect(comm.sent).toEqual([{ want: 'full' }]);
+    await flush();
+    expect(comm.sent).toEqual([{ want: 'full' }, { want: 'full' }]);
     comm.deliver({ ...full, seq: 7, state: run({ ranks: [rank(0, { lines: [line(9, 'nine')], lines_total: 9 }), rank(1)] }) });
     expect(lineTexts(second.node, 0)).toEqual(['nine']);
   });
@@ -136,23 +141,6 @@ describe('a panel following its run over a comm', () => {
     comm.deliver(delta(41, { ranks: [{ rank: 0, at: [81, 31000], lines: [[0, 0, 'next']] }] }));
     expect(lineTexts(renderer.node, 0)).toEqual(['now', 'next']);
     expect(renderer.node.querySelector('.nl-rank .nl-dropped')?.textContent).toContain('79 earlier lines');
-  });
-
-  it('opens the comm only once its kernel subshell exists, so a busy main shell does not hold it', async () => {
-    let started: () => void = () => undefined;
-    const kernel = new FakeKernel();
-    const create = kernel.createComm.bind(kernel);
-    kernel.createComm = (target: string) => {
-      const comm = create(target);
-      comm.subshellStarted = new Promise<void>(resolve => (started = resolve));
-      return comm;
-    };
-    mount(run(), () => kernel);
-    await flush();
-    expect(kernel.comms[0].comm.opened).toEqual([]);
-    started();
-    await flush();
-    expect(kernel.comms[0].comm.opened).toEqual([{ run_id: run().run_id }]);
   });
 
   it('shows the output alone when no kernel answers, and opens no comm for an ended run', () => {

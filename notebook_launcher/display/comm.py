@@ -1,9 +1,20 @@
-"""The kernel's end of the comms the JupyterLab extension opens to follow a live panel (target ``TARGET``).
+"""The kernel's end of the comms that let a JupyterLab panel follow a live run (target ``TARGET``).
 
-A panel in JupyterLab opens one comm per run it shows live, with ``{"run_id": ...}``. JupyterLab sends comm
-messages over a kernel subshell (ipykernel 7), so the comm opens while the launching cell still runs; the handler
-runs on the subshell's thread and only files the comm here: the launching cell's thread (``PanelDisplay.tick``)
-sends it the full state once, then deltas. A comm for a run that already ended gets its final state and is
+Each run has a comm of its own that the kernel holds without announcing it (no ``comm_open``), with the id
+``run_comm_id(run_id)``, which the panel knows from the run's output. The panel makes its end of it in the page
+and sends ``{"want": "full"}`` on it: once when it starts to follow the run, and whenever it missed a delta. It
+never opens a comm and never uses a subshell, so the kernel publishes no ``busy``/``idle`` status for the panel
+while the cell runs (JupyterLab would take a subshell's ``idle`` for the kernel's, jupyterlab#10701). ipykernel
+(7.4, as tested) asks the comm, on its shell channel's thread, where to route a message on it
+(``_reply_subshell_for``): the request is filed here right there, and the message goes on to the main shell,
+which handles it once the cell is over (by then the run has ended: the final state is the answer). The
+launching cell's thread (``PanelDisplay.tick``) sends the full state to a comm that asked, then deltas; the
+kernel's sends go over IOPub and carry no status. Under ipykernel 6 (no such hook, no subshells) the request
+waits for the cell's end; the panel then shows the MIME output, updated a few times a second as for a frontend
+without the extension.
+
+A comm the panel opens itself (``on_open``, the earlier protocol, kept for older extensions) is filed the same
+way: it gets the full state once, then deltas. A comm for a run that already ended gets its final state and is
 closed; one for a run this kernel does not know is closed. Messages are in labextension/SCHEMA.md.
 
 A message goes as compact UTF-8 JSON in one binary buffer of the comm message (``send``), with
@@ -19,6 +30,11 @@ from collections import OrderedDict
 
 TARGET = "notebook_launcher.panel"
 KEEP_ENDED = 20  # ended runs whose final state a late panel (a reload after the end) can still get
+
+
+def run_comm_id(run_id: str) -> str:
+    """The id of a run's own comm (the panel makes its end of it from the run id of the output)."""
+    return f"{TARGET}.{run_id}"
 
 
 def send(comm, message: dict) -> None:
@@ -41,11 +57,14 @@ def unpack(data: dict, buffers: list) -> dict:
 class PanelChannel:
     """The comms of every run of this kernel; thread-safe (comms open on a subshell's thread)."""
 
-    def __init__(self):
+    def __init__(self, manager=None):
+        self._manager = manager  # the kernel's comm manager, where the runs' own comms are registered
         self._lock = threading.Lock()
         self._live: dict[str, list] = {}  # run id -> comms that got the full state
         self._joining: dict[str, list] = {}  # run id -> comms waiting for it
         self._ended: OrderedDict[str, dict] = OrderedDict()  # run id -> its last "full" message
+        self._held: dict[str, object] = {}  # run id -> its own comm (closed at its end)
+        self._held_ended: OrderedDict[str, object] = OrderedDict()  # ... and after it, KEEP_ENDED of them
 
     # -- from the frontend (any thread) --------------------------------------------------------------------------
     def on_open(self, comm, msg) -> None:
@@ -67,11 +86,20 @@ class PanelChannel:
     def _on_msg(self, run_id: str, comm, msg) -> None:
         """``{"want": "full"}``: a panel that missed a delta asks for the whole state again."""
         data = (msg.get("content") or {}).get("data") or {}
-        if data.get("want") == "full":
-            with self._lock:
-                if comm in self._live.get(run_id, []):
-                    self._live[run_id].remove(comm)
-                    self._joining[run_id].append(comm)
+        self.request(run_id, comm, data)
+
+    def request(self, run_id: str, comm, data) -> None:
+        """A panel's request on ``comm`` (any thread): ``{"want": "full"}`` files the comm for the full state,
+        while the run goes on."""
+        if not isinstance(data, dict) or data.get("want") != "full":
+            return
+        with self._lock:
+            if run_id not in self._live:
+                return
+            if comm in self._live[run_id]:
+                self._live[run_id].remove(comm)
+            if comm not in self._joining[run_id]:
+                self._joining[run_id].append(comm)
 
     def _forget(self, run_id: str, comm) -> None:
         with self._lock:
@@ -82,8 +110,36 @@ class PanelChannel:
     # -- from the launching cell's thread ------------------------------------------------------------------------
     def begin(self, run_id: str) -> None:
         with self._lock:
-            self._live.setdefault(run_id, [])
-            self._joining.setdefault(run_id, [])
+            if run_id in self._live:
+                return
+            self._live[run_id] = []
+            self._joining[run_id] = []
+        if self._manager is not None:
+            self._hold_comm(run_id)
+
+    def _hold_comm(self, run_id: str) -> None:
+        """The run's own comm, registered with the kernel and never announced (see the module's docstring)."""
+        try:
+            from comm import create_comm
+
+            comm = create_comm(target_name=TARGET, comm_id=run_comm_id(run_id), primary=False)
+
+            def route(data, default=None):  # ipykernel asks it on its shell channel's thread
+                try:
+                    self.request(run_id, comm, data)
+                except Exception:  # noqa: BLE001 - never let ipykernel's router fail on us
+                    pass
+                return None  # the main shell: it handles the message after the cell, with no status before
+
+            comm._reply_subshell_for = route
+            comm.on_msg(lambda message: self._on_msg(run_id, comm, message))  # (ipykernel without the hook)
+            close = comm.close  # closed at the run's end, kept registered a while: a late request finds it
+            comm.close = lambda *args, **kwargs: close(deleting=True)
+            self._manager.register_comm(comm)
+            with self._lock:
+                self._held[run_id] = comm
+        except Exception:  # noqa: BLE001 - no comms here (plain IPython): panels opened by the page still work
+            return
 
     def listeners(self, run_id: str) -> tuple[list, list]:
         """(comms following the run, comms waiting for the full state); the waiting ones count as following
@@ -98,9 +154,20 @@ class PanelChannel:
         """The run ended: ``final`` is what later panels get; returns the comms to send it to and close."""
         with self._lock:
             comms = self._live.pop(run_id, []) + self._joining.pop(run_id, [])
+            held = self._held.pop(run_id, None)
+            if held is not None:
+                if held not in comms:
+                    comms.append(held)  # (closed though no panel asked, so the pages know)
+                self._held_ended[run_id] = held
             self._ended[run_id] = final
             while len(self._ended) > KEEP_ENDED:
                 self._ended.popitem(last=False)
+            while len(self._held_ended) > KEEP_ENDED:
+                _, old = self._held_ended.popitem(last=False)
+                try:
+                    self._manager.unregister_comm(old)
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
             return comms
 
 
@@ -118,7 +185,7 @@ def panel_channel() -> PanelChannel | None:
                 from comm import get_comm_manager
 
                 manager = get_comm_manager()
-                channel = PanelChannel()
+                channel = PanelChannel(manager)
                 manager.register_target(TARGET, channel.on_open)
             except Exception:  # noqa: BLE001 - an old ipykernel without the comm package: the MIME output alone, as before
                 return None

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from ..schema.events import (
     BALANCE,
     BATCH_SIZE,
+    DISPLAY,
     EXIT,
     FAILURE,
     HANG_NOTICE,
@@ -221,8 +222,26 @@ def _hang_notice(data: dict, rank: int | None) -> Description:
     return Description(HANG_NOTICE, "", 0, first_line(text), text if len(lines) > 1 else "", lines)
 
 
+def _display(data: dict, rank: int | None) -> Description:
+    """A rank's display (``rank/rich_output.py``): its text/plain's first line, or its MIME types; an update or a
+    clear says nothing live (the display itself is one line)."""
+    op = data.get("op")
+    if op == "clear":
+        waits = " (at its next display)" if data.get("wait") else ""
+        return Description(DISPLAY, "", 0, f"cleared its output{waits}", "")
+    bundle = data.get("data") if isinstance(data.get("data"), dict) else {}
+    text = bundle.get("text/plain")
+    shown = first_line(text) if isinstance(text, str) and text.strip() else f"<{', '.join(map(str, bundle))}>"
+    if data.get("omitted"):
+        shown += f" (without {', '.join(map(str, data['omitted']))})"
+    if op == "update":
+        return Description(DISPLAY, "", 0, f"updated display {data.get('display_id')}: {shown}", "")
+    return Description(DISPLAY, "", 0, shown, "", (shown,))
+
+
 _KINDS: dict[str, Callable[[dict, Any], Description | None]] = {
     STREAM: _stream, OUTPUT: _output, LOG: _log, FAILURE: _failure, EXIT: _exit, STATUS: _status, RESULT: _result,
     LAUNCHER: _launcher, PROGRESS: _progress, BALANCE: _balance, SHAPE_MISMATCH: _shape_mismatch, TRIGGER: _trigger,
     BATCH_SIZE: _batch_size, OOM_RETRY: _oom_retry, RESTART: _restart, HANG_NOTICE: _hang_notice,
+    DISPLAY: _display,
 }

@@ -21,12 +21,13 @@ import json
 import os
 import time
 
-from ..schema.events import Event
+from ..schema.events import DISPLAY, Event
 from .budget import SAVED_BYTES, bounded_bundle
 from .comm import PanelChannel, panel_channel, send
 from .delta import DeltaTracker
 from .fallback import render_html, render_text
 from .protocol import FinishingDisplay
+from .rich import RankOutputs
 from .state import MIME_TYPE, RunState
 
 MAX_UPDATES_PER_S = 4
@@ -83,6 +84,7 @@ class PanelDisplay(FinishingDisplay):
         self.updates = 0  # how many times the MIME output was sent (for tests and benchmarks)
         self.deltas = 0  # how many deltas went to listening panels
         self.last_bundle: dict | None = None  # the MIME bundle last published
+        self.rich = RankOutputs(prefix_template.replace("${rank}", "0"))  # rank 0's displays, below the panel
 
     def render(self, payload: dict, fallback: dict) -> dict:
         """The bundle: ``payload`` for the extension, ``fallback``'s lines in text/html and text/plain."""
@@ -95,6 +97,10 @@ class PanelDisplay(FinishingDisplay):
 
     def show(self, event: Event) -> None:
         self.state.observe(event)
+        if event.kind == DISPLAY:
+            if self._handle is None:
+                self.publish()  # the panel first, the rank's outputs below it
+            self.rich.show(event)
         self.tick()
 
     def show_lines(self, lines: list) -> None:
@@ -194,6 +200,9 @@ class PanelDisplay(FinishingDisplay):
     def finish(self, status: str, **details) -> dict:
         """The run ended: the last delta to listening panels, then its final MIME output (what the saved
         notebook keeps); returns that output's state."""
+        said = self.rich.finish()
+        if said:
+            self.state.note(said)
         self.state.finish(status, **details)
         channel = self.channel()
         run_id = self.state.header["run_id"]

@@ -22,6 +22,7 @@ from ..balance import BalanceBook
 from ..schema.events import (
     BALANCE,
     BATCH_SIZE,
+    DISPLAY,
     EXIT,
     FAILURE,
     HANG_NOTICE,
@@ -184,6 +185,12 @@ class RunState:
         total = None if match["total"] == "?" else int(match["total"])
         self._record_progress(event, int(match["n"]), total, {}, label=(match["desc"] or "").strip() or None)
         return True
+
+    def _on_display(self, event: Event) -> None:
+        """A rank's display is a line of its column (rank 0's is in the cell too: ``rich.py``)."""
+        said = describe(DISPLAY, event.data)
+        for line in said.said if said is not None else ():
+            self._add_line(event, "stdout", f"[display] {line}")
 
     def _on_log(self, event: Event) -> None:
         data = event.data
@@ -407,4 +414,5 @@ _HANDLERS = {
     SHAPE_MISMATCH: RunState._on_shape_mismatch, OOM_RETRY: RunState._on_oom_retry,
     BATCH_SIZE: RunState._on_batch_size, TRIGGER: RunState._on_trigger, LAUNCHER: RunState._on_launcher,
     RESTART: RunState._on_restart, HANG_NOTICE: RunState._on_hang_notice, BALANCE: RunState._on_balance,
+    DISPLAY: RunState._on_display,
 }

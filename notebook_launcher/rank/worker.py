@@ -35,6 +35,7 @@ from .accelerate_state import prepare_accelerate
 from .context import RankContext
 from .logging import install_event_logging
 from .reporting import call_and_report
+from .rich_output import install as install_rich_output
 from .streams import FdTextStream, one_write_print
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
@@ -103,6 +104,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
     context.enter(RankContext(writer=events))  # what every hook of this rank sends goes through it
     kernel_streams = _capture_streams(spec, events)
     install_event_logging(kernel_streams)
+    install_rich_output()  # display(), figures, widgets: as events, not on the kernel's sockets
     _retarget_logging_handlers(kernel_streams)
     if spec.device == "xla":
         exit_code = run_host(spec, events, load_function)

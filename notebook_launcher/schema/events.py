@@ -62,6 +62,12 @@ names the kind and the field. Fields a table does not name pass through unread (
              "step_source": "ddp" | "report" | None, "final", "peak_rss", "cuda": {"peak_allocated",
              "peak_reserved", "total"} | None}``: the rank's time in collectives and its memory, a few times a
              minute and at the function's end (``balance_meter``; read by ``balance.py``)
+``display``  data: ``{"op": "display" | "update" | "clear", "data": {mime: str | dict | list}, "metadata": {...},
+             "display_id": str | None, "wait": bool, "omitted": [mime types], "bytes": int}``: what IPython would
+             have published from the rank (``display()``, a matplotlib figure, ``update_display``,
+             ``clear_output``), as Jupyter's wire form (binary data base64); ``omitted``: MIME types the rank left
+             out (over ``rich_output.MAX_BUNDLE_BYTES``, over the rank's budget for the run, or a widget view),
+             ``bytes`` the bundle's size before that (``rank/rich_output.py``; shown by ``display/rich.py``)
 ``hang_notice`` data: ``{"state": "open", "quiet_s", "ranks": {rank: {"state": "waiting" | "in_ddp" | "busy" |
              "finished" | "exited", "text"}}, "diverged": rank | None, "stacks": {rank: text}, "text"}`` or
              ``{"state": "cleared", "quiet_s", "text"}`` (made by the kernel, rank -1): the stall watchdog saw no
@@ -116,6 +122,7 @@ PROGRESS = "progress"
 RESTART = "restart"
 HANG_NOTICE = "hang_notice"
 BALANCE = "balance"
+DISPLAY = "display"
 TRUNCATED_EVENT = "TruncatedEvent"  # a failure the kernel makes: an event cut short by the worker's death
 CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes on an event pipe that are no event
 # kinds an agent of a launch across hosts sends besides its ranks' events
@@ -189,6 +196,9 @@ DATA_SCHEMA = {
                      "step_source": (str, None), "final": bool, "peak_rss": (NUMBER, None),
                      "cuda": (Fields({"peak_allocated": NUMBER, "peak_reserved": NUMBER, "total": NUMBER}), None)},
                     required=("elapsed", "waited")),
+    # (the bundle and its metadata: dicts whose names are str all the way down, read by display/rich.py)
+    DISPLAY: Fields({"op": OneOf(("display", "update", "clear")), "display_id": (str, None), "wait": bool,
+                     "omitted": ListOf(str, 64), "bytes": int}, required=("op",)),
 }
 
 

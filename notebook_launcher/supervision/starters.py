@@ -57,6 +57,7 @@ class SpawnStarter:
 
     def start(self, spec: WorkerSpec, fds_to_close: list[int]) -> tuple[int, subprocess.Popen]:
         """``fds_to_close`` is not needed: only the fds in ``spec`` are passed, every other one is closed."""
+        from ..rank import rich_output
         from ..rank.worker import SPEC_ENV_VAR
 
         inherited = (spec.events_fd,) + ((spec.store_listen_fd,) if spec.store_listen_fd >= 0 else ())
@@ -65,6 +66,7 @@ class SpawnStarter:
         package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env[SPEC_ENV_VAR] = spec_for_child.to_json()
+        env[rich_output.ENV_VAR] = rich_output.kernel_flag()  # displays of a launch from a kernel reach it
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
         kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
         popen = subprocess.Popen(
