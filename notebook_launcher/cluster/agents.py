@@ -26,6 +26,7 @@ from collections import deque
 
 from ..errors import HostFailedError
 from ..schema.events import AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event
+from ..schema.status import StopReason
 from .agent_channel import AGENT_ENV_VAR, SignedFrameReader, UnverifiedStream, node_key
 from .backchannel import BackChannel, listen_address
 from .remote import SSH_FIX, check_ssh, mpi_sanity_run, mpirun_command, ssh_command
@@ -100,7 +101,7 @@ class Cluster:
         self.note = note
         self.on_tick = on_tick or (lambda: None)
         self.python = python or sys.executable
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self._stop_at: float | None = None
         self._kill_at: float | None = None
         self._selector = selectors.DefaultSelector()
@@ -222,13 +223,13 @@ class Cluster:
                         self._start(node)
                 while any(node.open_pipes or node.process.poll() is None for node in self._watched()):
                     if interrupt.count and self.stop_reason is None:
-                        self.stop("interrupted")
+                        self.stop(StopReason.INTERRUPTED)
                     now = time.monotonic()
                     self._finish_ended_hosts(now)
                     if deadline is not None and now > deadline and self.stop_reason is None:
-                        self.stop("timeout")
+                        self.stop(StopReason.TIMEOUT)
                     if self._stop_at is not None and now >= self._stop_at and self.stop_reason is None:
-                        self.stop("failure")
+                        self.stop(StopReason.FAILURE)
                     if self._kill_at is not None and now >= self._kill_at:
                         self._kill_all()
                     if self._backchannel is not None:
@@ -323,7 +324,7 @@ class Cluster:
         except UnverifiedStream as exc:
             node.broken = str(exc)
             self.note(f"{node.host}: refused its event stream ({exc}); stopping every host")
-            self.stop("failure")
+            self.stop(StopReason.FAILURE)
             return
         for header, attachment in frames:
             self._handle(node, header, attachment)
@@ -350,7 +351,7 @@ class Cluster:
         if not first <= rank < first + self.plan.num_processes:
             node.broken = f"an event for rank {rank}, which is not one of this host's ranks"
             self.note(f"{node.host}: refused its event stream ({node.broken}); stopping every host")
-            self.stop("failure")
+            self.stop(StopReason.FAILURE)
             return
         if kind == STATUS and data.get("state") == "starting":
             data["host"] = node.host  # remote ranks show beside local ones with their host
@@ -368,7 +369,7 @@ class Cluster:
         if node.done_code is None and self.stop_reason is None:
             node.dropped = True
             self.note(f"{node.host}: the connection ended before its ranks finished")
-            self.stop("failure")
+            self.stop(StopReason.FAILURE)
 
     # -- stopping ----------------------------------------------------------------------------------------------
     def stop_soon(self) -> None:
@@ -376,7 +377,7 @@ class Cluster:
         if self._stop_at is None:
             self._stop_at = time.monotonic() + PEER_REPORT_GRACE_S
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: StopReason) -> None:
         if self.stop_reason is not None:
             return
         self.stop_reason = reason
@@ -404,7 +405,7 @@ class Cluster:
             code = node.process.returncode if node.process is not None else None
             if node.broken:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
-            if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, "failure") \
+            if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, StopReason.FAILURE) \
                     and not node.killed:  # its ssh ended by itself, not because we stopped the run
                 if self.start_with == "mpirun":
                     return self._mpirun_problem(node, code)

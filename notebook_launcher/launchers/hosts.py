@@ -9,7 +9,7 @@ from typing import Any
 from ..cluster.agents import STOP_GRACE_S, Cluster
 from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
 from ..runs import Run
-from ..schema.status import RunStatus
+from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message
 from .attempts import Attempts
 
@@ -46,7 +46,7 @@ class HostsLauncher:
                 cluster.run(plan.timeout)
             finally:
                 attempts.end()
-            if cluster.stop_reason == "interrupted":
+            if cluster.stop_reason == StopReason.INTERRUPTED:
                 raise KeyboardInterrupt
             failures = attempts.tracker.failures()
             problem = cluster.host_problem()
@@ -59,7 +59,7 @@ class HostsLauncher:
             if problem:
                 run.status = RunStatus.FAILED
                 raise HostFailedError(problem, run)
-            if cluster.stop_reason == "timeout":
+            if cluster.stop_reason == StopReason.TIMEOUT:
                 run.status = RunStatus.TIMED_OUT
                 raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
                                          f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)

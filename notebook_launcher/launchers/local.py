@@ -17,7 +17,7 @@ from ..errors import LaunchTimeoutError, RankFailedError
 from ..rank.torch_names import missing as missing_private_names
 from ..runs import Run
 from ..schema.results import prepare as prepare_results
-from ..schema.status import RunStatus
+from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message, hang_message
 from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
@@ -60,7 +60,7 @@ class LocalLauncher:
                 if reservation is not None:
                     reservation.close()
                 attempts.end()
-            if outcome.stop_reason in ("hang", "timeout"):
+            if outcome.stop_reason in (StopReason.HANG, StopReason.TIMEOUT):
                 raise _hang_error(plan, run, attempts, outcome)
             failures = attempts.tracker.failures()
             if not failures and outcome.stop_reason is None:
@@ -101,9 +101,9 @@ class LocalLauncher:
 def _hang_error(plan, run: Run, attempts: Attempts, outcome: SupervisorOutcome) -> LaunchTimeoutError:
     """A hang or the timeout: where every rank was and its stacks, in the message and on the Run."""
     tracker = attempts.tracker
-    run.status = RunStatus.HUNG if outcome.stop_reason == "hang" else "timed out"
+    run.status = RunStatus.HUNG if outcome.stop_reason == StopReason.HANG else RunStatus.TIMED_OUT
     message = hang_message(outcome.snapshot, tracker, outcome.stack_dump_seq, plan.timeout, run.run_dir,
-                           outcome.stop_reason == "timeout")
+                           outcome.stop_reason == StopReason.TIMEOUT)
     run.stuck_ranks = sorted(rank for rank, info in outcome.snapshot.items() if info.get("state") == "running")
     run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq)) for rank, seq in outcome.stack_dump_seq.items()}
     if all(tracker.state(rank) == "starting" for rank in outcome.ranks):

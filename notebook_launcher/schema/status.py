@@ -45,3 +45,12 @@ class RankStatus(StrEnum):
 
 
 ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.HUNG, RunStatus.INTERRUPTED)
+
+
+class StopReason(StrEnum):
+    """Why the launcher stopped an attempt (``SupervisorOutcome.stop_reason``; None: every rank ended on its own)."""
+
+    FAILURE = "failure"  # a rank raised or exited before finishing its function
+    HANG = "hang"  # a rank waits in a collective that a finished rank will never join
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"  # a kernel interrupt (or the stop button)

@@ -1,38 +1,37 @@
-"""Processes: start one worker per rank, multiplex their pipes, watch their exits, tear down whole trees.
+"""The monitor of one attempt: the loop that turns what the workers write into events, watches for failures,
+hangs, the timeout and interrupts, and stops everyone; it returns what the attempt came to (``SupervisorOutcome``)
+once everything it started is gone.
 
-The supervisor of one attempt is three parts, as in torch elastic's process context: a starter per start method
-(``starters``), a demultiplexer of each rank's pipes that turns bytes into events (``demux``), and the loop here,
-which returns what the attempt came to (``SupervisorOutcome``) once everything it started is gone.
-
-One loop in the launching thread does everything with a selector: each worker's event pipe, stdout pipe, stderr
-pipe and pidfd (readable when the worker exits). No helper thread, no signal handler of its own while it is not
-running: a kernel interrupt is deferred (``interrupts``) to this loop, which stops every worker before raising
+The processes themselves (start, pipes, pidfds, reaping, signals, every descriptor) are ``processes.RankProcesses``,
+as torch elastic's process context; a rank's bytes become events in its ``demux.RankDemux``. Everything runs in the
+launching thread, around one select: no helper thread, no signal handler of its own while it is not running. A
+kernel interrupt is deferred (``interrupts``) to this loop, which stops every worker before raising
 KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import time
 from dataclasses import dataclass, field
 
 from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
 from ..schema.lines import expand_lines
-from ..schema.proctree import descendants_of_each, kill_if_same
+from ..schema.status import StopReason
 from .demux import RankDemux
-from .handles import WorkerProcess, ask_for_stacks, signal_all
+from .handles import WorkerProcess
 from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
-from .starters import PIPE_SIZE, start_each_rank, start_xla_host, starter_for
+from .processes import EXIT as EXITED
+from .processes import RankProcesses
+from .starters import PIPE_SIZE
 
 TERMINATE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.5
 EOF_WAIT_AFTER_EXIT_S = 1.0
 CLOSE_WAIT_S = 5.0
 PEER_REPORT_GRACE_S = 1.0  # how long the others may take to raise an error that every rank raises
-DESCENDANT_SCAN_S = 1.0  # how often the processes below each rank are noted (to end them if the rank is killed)
 
 
 @dataclass(frozen=True)
@@ -43,15 +42,30 @@ class SupervisorOutcome:
     supervisor knows: why it stopped the run and, for a hang or the timeout, where every rank was.
     """
 
-    stop_reason: str | None  # None: every rank ended on its own; "failure" | "hang" | "timeout"
+    stop_reason: StopReason | None  # None: every rank ended on its own
     ranks: list[int]  # the global ranks started, in order
     exit_codes: dict[int, int | None]  # rank -> exit code, minus the signal that killed it; None if never reaped
     snapshot: dict[int, dict] = field(default_factory=dict)  # hang/timeout: rank -> its progress record and state
     stack_dump_seq: dict[int, int] = field(default_factory=dict)  # rank -> its last seq before its stacks were asked
 
 
+@dataclass
+class _Moments:
+    """The monitor's deadlines (monotonic seconds; None: none set)."""
+
+    run_ends: float | None = None  # the timeout
+    stop_at: float | None = None  # a failure every rank raises: stop when all reported, or then
+    kill_at: float | None = None  # SIGKILL what the SIGTERM left
+    pipes_close_at: float | None = None  # every worker gone: pipes an escaped descendant holds are given up
+
+    def soonest(self, now: float, longest: float, stopping: bool) -> float:
+        """How long the next wait may be: ``longest``, or until the next moment (not the timeout once stopping)."""
+        moments = (self.stop_at, self.kill_at) if stopping else (self.run_ends, self.stop_at, self.kill_at)
+        return min([longest, *(max(0.0, moment - now) for moment in moments if moment is not None)])
+
+
 class Supervisor:
-    """Starts, watches and stops the workers of one launch attempt; ``run()`` once.
+    """Watches and stops the workers of one launch attempt; ``run()`` once.
 
     ``on_event`` receives every event (worker records, output lines, exits) in the order read, and
     ``on_lines`` the plain lines that come together, as one list (see ``RankDemux``; by default each goes to
@@ -62,33 +76,24 @@ class Supervisor:
     def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1,
                  progress_dir: str = "", on_lines=None):
         self.plan = plan
-        self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
-        # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
-        self._stall = StallWatch(None if plan.in_workers else plan.hang_warning, self._hangs, plan.timeout)
-        self._snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
-        self.store_listen_fd = store_listen_fd
         self.on_event = on_event
         self.on_lines = on_lines or self._each_line
         self.on_tick = on_tick or (lambda: None)
         self.spawn_payload_path = spawn_payload_path
-        self._workers: list[WorkerProcess] = []
-        self._stop_reason: str | None = None  # "failure" | "hang" | "timeout" | "interrupted"
-        self._stack_dump_seq: dict[int, int] = {}  # rank -> seq at which a stack dump was requested
-        self._starter = starter_for(plan)
+        self.store_listen_fd = store_listen_fd
+        self._processes = RankProcesses(plan, store_listen_fd)
+        self._workers: list[WorkerProcess] = self._processes.workers
         self._demux: dict[int, RankDemux] = {}  # rank -> its pipes' events
-        self._selector = selectors.DefaultSelector()
-        self._kill_at: float | None = None
-        self._eof_deadline: float | None = None
+        self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
+        # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
+        self._stall = StallWatch(None if plan.in_workers else plan.hang_warning, self._hangs, plan.timeout)
+        self._interrupt = DeferredInterrupt(self._processes.wake_write)
+        self._moments = _Moments()
+        self._stop_reason: StopReason | None = None
+        self._snapshot: dict = {}  # where each rank was when a hang or the timeout stopped the run
+        self._stack_dump_seq: dict[int, int] = {}  # rank -> seq at which a stack dump was requested
         self._finished_ranks: set[int] = set()
         self._reported_failure: set[int] = set()  # ranks exiting on their own after reporting an exception
-        self._stop_at: float | None = None  # a failure every rank raises: stop when all reported, or then
-        self._below: dict[int, dict[int, int]] = {}  # rank -> its descendants when last looked (pid -> start time)
-        self._scanned_at = time.monotonic()  # a short launch never pays for a scan
-        self._wake_read, self._wake_write = os.pipe()
-        for fd in (self._wake_read, self._wake_write):
-            os.set_blocking(fd, False)
-        self._selector.register(self._wake_read, selectors.EVENT_READ, (None, "wake"))
-        self._interrupt = DeferredInterrupt(self._wake_write)
         self._muted = False  # a teardown after on_event failed: nothing more is passed on
         self._reading: WorkerProcess | None = None  # whose read's events are being passed on
         self._exits_due: list[WorkerProcess] = []  # reaped meanwhile: exits to pass on once that read is done
@@ -106,7 +111,8 @@ class Supervisor:
         interrupt = self._interrupt
         try:
             with interrupt:
-                self._start()
+                for worker in self._processes.start(self._spec_for):
+                    self._demux[worker.rank] = RankDemux(worker.rank)
                 if on_started is not None:
                     on_started()
                 self._wait(timeout)
@@ -118,11 +124,6 @@ class Supervisor:
             stop_reason=self._stop_reason, ranks=[worker.rank for worker in self._workers],
             exit_codes={worker.rank: worker.exit_code for worker in self._workers},
             snapshot=dict(self._snapshot), stack_dump_seq=dict(self._stack_dump_seq))
-
-    def _start(self) -> None:
-        started = start_xla_host if self.plan.xla is not None else start_each_rank
-        for worker, pipes in started(self.plan, self._starter, self._spec_for, self.store_listen_fd):
-            self._watch(worker, pipes)
 
     def _spec_for(self, worker: WorkerProcess, pipes: dict) -> WorkerSpec:
         local_rank = worker.local_rank
@@ -138,72 +139,46 @@ class Supervisor:
             progress_path=self._hangs.path_for(worker.rank),
         )
 
-    def _watch(self, worker: WorkerProcess, pipes: dict) -> None:
-        """A started worker's pipes (their write ends closed here) and its exit, in the selector."""
-        for name, (read, write) in pipes.items():
-            os.close(write)
-            os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
-            worker.read_fds[name] = read
-            self._selector.register(read, selectors.EVENT_READ, (worker, name))
-        if worker.host is None and worker.open_pidfd() is not None:
-            self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, "exit"))
-        self._demux[worker.rank] = RankDemux(worker.rank)
-        self._workers.append(worker)
-
     def _wait(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        self._moments.run_ends = None if timeout is None else time.monotonic() + timeout
         while not self._finished():
-            self._step(deadline)
-            if self._interrupt.count and self._stop_reason != "interrupted":
-                self._stop("interrupted", grace=0.5)
-                self._stop_reason = "interrupted"
+            self._step()
+            if self._interrupt.count and self._stop_reason != StopReason.INTERRUPTED:
+                self._stop(StopReason.INTERRUPTED, grace=0.5)
+                self._stop_reason = StopReason.INTERRUPTED
             if self._interrupt.count > 1:
-                self._signal_all(signal.SIGKILL)
+                self._processes.signal_all(signal.SIGKILL)
 
     def _finished(self) -> bool:
-        if any(worker.alive for worker in self._workers):
+        if self._processes.any_alive():
             return False
-        if not any(key.data[1] != "wake" for key in self._selector.get_map().values()):
+        if not self._processes.any_pipe_open():
             return True
         now = time.monotonic()
-        if self._eof_deadline is None:
-            self._eof_deadline = now + EOF_WAIT_AFTER_EXIT_S
-        if now >= self._eof_deadline:  # a descendant that escaped the group still holds a pipe
+        if self._moments.pipes_close_at is None:
+            self._moments.pipes_close_at = now + EOF_WAIT_AFTER_EXIT_S
+        if now >= self._moments.pipes_close_at:  # a descendant that escaped the group still holds a pipe
             self._drain_and_close_all()
             return True
         return False
 
-    def _step(self, deadline: float | None) -> None:
-        wait_s = self.plan.monitor_interval
-        now = time.monotonic()
-        if deadline is not None and self._stop_reason is None:
-            wait_s = min(wait_s, max(0.0, deadline - now))
-        for moment in (self._kill_at, self._stop_at):
-            if moment is not None:
-                wait_s = min(wait_s, max(0.0, moment - now))
-        self._handle_ready(wait_s)
-        self._reap_all_without_pidfd()
+    def _step(self) -> None:
+        moments = self._moments
+        self._handle_ready(moments.soonest(time.monotonic(), self.plan.monitor_interval, self._stop_reason is not None))
+        for worker in self._processes.without_pidfd():
+            self._reap(worker)
         self.on_tick()
         self._check_progress()
         self._watch_stall()
         now = time.monotonic()
-        if now - self._scanned_at >= DESCENDANT_SCAN_S:
-            self._note_descendants(now)
-        if self._stop_at is not None and self._stop_reason is None and now >= self._stop_at:
-            self._stop("failure")
-        if deadline is not None and now >= deadline and self._stop_reason is None:
-            self._stop_with_diagnosis("timeout")
-        if self._kill_at is not None and now >= self._kill_at:
-            self._signal_all(signal.SIGKILL)
-            self._kill_at = None
-
-    def _note_descendants(self, now: float) -> None:
-        """What lies below each live rank, so that what a rank started is ended with it even when the rank dies
-        without ending it itself (killed from outside, a crash): its orphans then belong to init."""
-        self._scanned_at = now
-        live = {worker.pid: worker.rank for worker in self._workers if worker.alive}
-        for pid, below in descendants_of_each(list(live)).items():
-            self._below[live[pid]] = below
+        self._processes.note_descendants(now)
+        if moments.stop_at is not None and self._stop_reason is None and now >= moments.stop_at:
+            self._stop(StopReason.FAILURE)
+        if moments.run_ends is not None and now >= moments.run_ends and self._stop_reason is None:
+            self._stop_with_diagnosis(StopReason.TIMEOUT)
+        if moments.kill_at is not None and now >= moments.kill_at:
+            self._processes.signal_all(signal.SIGKILL)
+            moments.kill_at = None
 
     def _check_progress(self) -> None:
         """A hang (a rank waits in a collective that a finished rank will never join) is diagnosed and stopped
@@ -212,7 +187,7 @@ class Supervisor:
             return
         done = {w.rank for w in self._workers if not w.alive} | self._finished_ranks
         if self._hangs.is_hang(done, time.monotonic()):
-            self._stop_with_diagnosis("hang")
+            self._stop_with_diagnosis(StopReason.HANG)
 
     def _watch_stall(self) -> None:
         """No progress for ``hang_warning`` s while a rank waits in a collective: a ``hang_notice`` with every
@@ -227,44 +202,39 @@ class Supervisor:
                 for w in self._workers}
 
     def _dump_stacks(self) -> None:
-        self._request_stack_dumps()
-        self._collect_for(STACK_DUMP_WAIT_S)
+        """Ask every live worker for its Python stacks, and read them for STACK_DUMP_WAIT_S."""
+        for worker in self._workers:
+            if worker.alive:
+                self._stack_dump_seq[worker.rank] = self._demux[worker.rank].seq
+                self._demux[worker.rank].expect_stack_dump()
+        self._processes.ask_for_stacks()
+        end = time.monotonic() + STACK_DUMP_WAIT_S
+        while time.monotonic() < end and self._processes.any_alive():
+            self._handle_ready(max(0.0, end - time.monotonic()))
 
-    def _stop_with_diagnosis(self, reason: str) -> None:
+    def _stop_with_diagnosis(self, reason: StopReason) -> None:
         """Record where every rank is (collective, call site, state), collect its Python stacks, then stop."""
         self._stop_reason = reason  # first: a rank killed by the dump signal is not "the failure"
         self._snapshot = self._hangs.snapshot(self._states(), time.monotonic())
         self._dump_stacks()
         self._stop(reason)
 
-    def _collect_for(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and any(worker.alive for worker in self._workers):
-            self._handle_ready(max(0.0, end - time.monotonic()))
-
     # -- pipes -----------------------------------------------------------------------------------------------
     def _handle_ready(self, wait_s: float) -> None:
         """One select: read every pipe that has data, reap every worker whose pidfd says it exited."""
-        for key, _ in self._selector.select(wait_s):
-            worker, channel = key.data
-            if channel == "wake":  # a SIGINT arrived: the loop checks the flag right after
-                while _read_nonblocking(key.fd):
-                    pass
-            elif channel == "exit":
+        for worker, channel, fd in self._processes.ready(wait_s):
+            if channel == EXITED:
                 self._reap(worker)
-            elif worker.read_fds.get(channel) == key.fd:  # not already drained and closed by a reap above
-                self._read(worker, channel, key.fd)
+            elif worker.read_fds.get(channel) == fd:  # not already drained and closed by a reap above
+                self._read(worker, channel, fd)
 
     def _read(self, worker: WorkerProcess, channel: str, fd: int) -> bool:
         """Read what one pipe has; False when it had nothing (or reached EOF and was closed). A rank reaped while
         this read's events are passed on (one stopped the run) has its pipes drained and its exit passed on after."""
         demux = self._demux[worker.rank]
-        try:
-            chunk = os.read(fd, demux.read_size(channel, PIPE_SIZE))
-        except BlockingIOError:
+        chunk = self._processes.read(worker, channel, fd, demux.read_size(channel, PIPE_SIZE))
+        if chunk is None:
             return False
-        if not chunk:  # forgotten first: nothing passed on below may read or close it again
-            self._forget_pipe(worker, channel, fd)
         outer, self._reading = self._reading, worker
         try:
             self._deliver_all(demux.feed(channel, chunk))
@@ -273,11 +243,6 @@ class Supervisor:
         if outer is None:
             self._report_due_exits()
         return bool(chunk)
-
-    def _forget_pipe(self, worker: WorkerProcess, channel: str, fd: int) -> None:
-        self._selector.unregister(fd)
-        os.close(fd)
-        del worker.read_fds[channel]
 
     def _drain(self, worker: WorkerProcess) -> None:
         """Everything a dead worker wrote is already in its pipes: read it all before reporting its exit."""
@@ -291,9 +256,8 @@ class Supervisor:
             self._drain(worker)
             for channel, fd in list(worker.read_fds.items()):  # held open by an escaped descendant
                 self._deliver_all(self._demux[worker.rank].abandon(channel))
-                self._forget_pipe(worker, channel, fd)
-        for key in list(self._selector.get_map().values()):
-            self._selector.unregister(key.fd)
+                self._processes.forget_pipe(worker, channel, fd)
+        self._processes.unregister_all()
 
     # -- events ----------------------------------------------------------------------------------------------
     def _deliver_all(self, events) -> None:
@@ -313,22 +277,23 @@ class Supervisor:
             return
         self._stall.observe_lines(lines)
         self.on_lines(lines)
-        if self._stop_at is not None and self._stop_reason is None and self._everyone_reported():
-            self._stop("failure")
+        if self._moments.stop_at is not None and self._stop_reason is None and self._everyone_reported():
+            self._stop(StopReason.FAILURE)
 
     def _deliver(self, event: Event) -> None:
         if self._muted:
             return
         self._stall.observe(event)
         self.on_event(event)
+        moments = self._moments
         if self._stop_reason is None and self._is_fatal(event):
             if event.data.get("all_ranks_raise") and not self._everyone_reported():
                 deadline = time.monotonic() + PEER_REPORT_GRACE_S  # the others are raising the same error
-                self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
+                moments.stop_at = deadline if moments.stop_at is None else min(moments.stop_at, deadline)
             else:
-                self._stop("failure")
-        elif self._stop_at is not None and self._stop_reason is None and self._everyone_reported():
-            self._stop("failure")
+                self._stop(StopReason.FAILURE)
+        elif moments.stop_at is not None and self._stop_reason is None and self._everyone_reported():
+            self._stop(StopReason.FAILURE)
 
     def _everyone_reported(self) -> bool:
         return all(w.rank in self._reported_failure or not w.alive for w in self._workers)
@@ -348,19 +313,11 @@ class Supervisor:
 
     # -- exits -------------------------------------------------------------------------------------------------
     def _reap(self, worker: WorkerProcess) -> None:
-        """If it has exited: end what it left behind, read all it wrote, then pass on its exit."""
-        if not worker.alive or not worker.try_reap():
+        """If it has exited: (what it left behind ended by ``RankProcesses.reap``) read all it wrote, then pass on
+        its exit; while what it wrote is being passed on, its exit comes after that."""
+        if not self._processes.reap(worker):
             return
-        if worker.pidfd is not None:
-            self._selector.unregister(worker.pidfd)
-            os.close(worker.pidfd)
-            worker.pidfd = None
-        try:  # whatever it left behind in its group (DataLoader workers) goes with it; never by its old pid
-            os.killpg(worker.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        kill_if_same(self._below.pop(worker.rank, {}))  # and what it started outside its group
-        if self._reading is worker:  # reaped while what it wrote is being passed on: its exit comes after that
+        if self._reading is worker:
             self._exits_due.append(worker)
         else:
             self._report_exit(worker)
@@ -374,24 +331,12 @@ class Supervisor:
         self._deliver_all(self._demux[worker.rank].finish_python_lines())
         self._deliver(self._demux[worker.rank].event(EXIT, worker.exit_data()))
 
-    def _reap_all_without_pidfd(self) -> None:
-        for worker in [worker for worker in self._workers if worker.alive and worker.pidfd is None]:
-            self._reap(worker)
-
     def _reap_all(self) -> None:
         for worker in self._workers:
             self._reap(worker)
 
     # -- stop --------------------------------------------------------------------------------------------------
-    def _request_stack_dumps(self) -> None:
-        """Ask every live worker for all its threads' Python stacks (faulthandler on SIGUSR1 → its stderr)."""
-        for worker in self._workers:
-            if worker.alive:
-                self._stack_dump_seq[worker.rank] = self._demux[worker.rank].seq
-                self._demux[worker.rank].expect_stack_dump()
-        ask_for_stacks(self._workers, self.plan.xla is not None)
-
-    def _stop(self, reason: str, grace: float = TERMINATE_GRACE_S) -> None:
+    def _stop(self, reason: StopReason, grace: float = TERMINATE_GRACE_S) -> None:
         """SIGTERM every live worker's process group now, SIGKILL after ``grace`` seconds."""
         if self._stop_reason is None:
             self._stop_reason = reason
@@ -400,12 +345,10 @@ class Supervisor:
         for worker in self._workers:
             if worker.alive and worker.pid in signaled and not worker.exiting():  # (XLA ordinals share one)
                 worker.stopped_by_launcher = True
-        self._signal_all(signal.SIGTERM, spare=self._reported_failure)  # SIGKILL after the grace takes all
+        self._processes.signal_all(signal.SIGTERM, spare=self._reported_failure)  # SIGKILL after the grace: all
         kill_at = time.monotonic() + grace
-        self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
-
-    def _signal_all(self, signum: int, spare=()) -> None:
-        signal_all(self._workers, signum, spare)
+        moments = self._moments
+        moments.kill_at = kill_at if moments.kill_at is None else min(moments.kill_at, kill_at)
 
     def _close(self) -> None:
         """The end of every run, however it ended: nothing of ours survives, every fd is closed, every child
@@ -419,32 +362,14 @@ class Supervisor:
                 self._end_all()
                 raise
         finally:
-            self._release()
+            self._processes.release()
+            self._hangs.close()
 
     def _end_all(self) -> None:
-        if any(worker.alive for worker in self._workers):
-            self._signal_all(signal.SIGKILL)
+        if self._processes.any_alive():
+            self._processes.signal_all(signal.SIGKILL)
             deadline = time.monotonic() + CLOSE_WAIT_S
-            while any(worker.alive for worker in self._workers) and time.monotonic() < deadline:
+            while self._processes.any_alive() and time.monotonic() < deadline:
                 self._reap_all()
                 time.sleep(0.01)
         self._drain_and_close_all()
-
-    def _release(self) -> None:
-        for worker in self._workers:
-            for fd in [*worker.read_fds.values()] + ([worker.pidfd] if worker.pidfd is not None else []):
-                os.close(fd)
-            worker.read_fds.clear()
-            worker.pidfd = None
-        self._selector.close()
-        self._hangs.close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-
-
-def _read_nonblocking(fd: int) -> bytes:
-    try:
-        return os.read(fd, 4096)
-    except BlockingIOError:
-        return b""
-
