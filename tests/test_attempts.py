@@ -9,7 +9,8 @@ import time
 import pytest
 
 from notebook_launcher.display.state import RunState
-from notebook_launcher.launchers.attempts import Attempts
+from notebook_launcher.launchers.attempts import RestartPolicy
+from notebook_launcher.launchers.intake import AttemptEvents
 from notebook_launcher.plan import make_plan
 from notebook_launcher.runs import Run
 from notebook_launcher.schema.events import EXIT, FAILURE, LOG, OOM_RETRY, RESTART, STATUS, STREAM, Event
@@ -53,7 +54,8 @@ def attempts(runs_dir):
     run = Run(run_id=log.run_id, run_dir=log.path, device="cpu", backend="gloo", start_method="fork",
               num_processes=2, world_size=4)
     shown = Shown()
-    yield Attempts(run, log, shown), run, shown
+    events = AttemptEvents(run, log, shown)
+    yield Launch(events, RestartPolicy(run, events.on_event)), run, shown
     log.close()
 
 
@@ -61,12 +63,22 @@ def plan(max_restarts=0):
     return make_plan(function=print, num_processes=2, device="cpu", max_restarts=max_restarts)
 
 
-def failures_of(attempts, *events):
-    attempts.begin(range(4))
+class Launch:
+    """What a launcher holds: the attempts' event intake and their restart policy."""
+
+    def __init__(self, events: AttemptEvents, policy: RestartPolicy):
+        self.events, self.policy = events, policy
+
+    def next_plan(self, *args, **kwargs):
+        return self.policy.next_plan(*args, **kwargs)
+
+
+def failures_of(launch, *events):
+    launch.events.begin(range(4))
     for each in events:
-        attempts.on_event(each)
-    attempts.end()
-    return attempts.tracker.failures()
+        launch.events.on_event(each)
+    launch.events.end()
+    return launch.events.tracker.failures()
 
 
 @pytest.mark.parametrize("who", ["all ranks", "every host"])
@@ -105,7 +117,7 @@ def test_single_attempt_and_an_unrepeatable_attempt_never_try_again(attempts, ru
     assert policy.next_plan(plan(max_restarts=5), failures_of(policy, oom(1, 64, 32, now)), "every host",
                             may_retry=False) is None
     assert run.root_cause.rank == 1  # the failure is still recorded for the error message
-    policy.single_attempt = True  # an agent: the launching kernel decides for every host
+    policy.policy.single_attempt = True  # an agent: the launching kernel decides for every host
     assert policy.next_plan(plan(max_restarts=5), failures_of(policy, oom(1, 64, 32, now)), "all ranks") is None
     assert not [e for e in shown.events if e.kind == RESTART]
 
@@ -113,7 +125,7 @@ def test_single_attempt_and_an_unrepeatable_attempt_never_try_again(attempts, ru
 def test_the_panel_counts_attempts_from_restart_events(attempts):
     policy, run, shown = attempts
     state = RunState(run.run_id, run.run_dir, "cpu", "gloo", "fork", 2, 4, [0, 1, 2, 3])
-    policy.display = type("Both", (), {"show": lambda self, e: (shown.show(e), state.observe(e)),
+    policy.events.display = type("Both", (), {"show": lambda self, e: (shown.show(e), state.observe(e)),
                                        "note": shown.note, "tick": shown.tick})()
     crash = event(2, FAILURE, type="RuntimeError", message="transient", traceback="", exit_code=1)
     policy.next_plan(plan(max_restarts=3), failures_of(policy, crash), "every host")

@@ -1,111 +1,33 @@
 """The policy of attempts, one for every launcher that starts processes (here, or on several hosts).
 
-An attempt starts every rank; its events come in through ``Attempts.on_event`` (kept on the Run, written to the
-run log, followed by the attempt's FailureTracker, released in order to the display). When an attempt fails, one
-rule decides whether there is another: an out-of-memory error in ``find_executable_batch_size`` starts every rank
-again at the smallest size any rank proposes; any other failure does while ``max_restarts`` allows. Each new
-attempt is announced by a ``restart`` event, which every display reads (none parses text).
+When an attempt fails, one rule decides whether there is another: an out-of-memory error in
+``find_executable_batch_size`` starts every rank again at the smallest size any rank proposes; any other failure
+does while ``max_restarts`` allows. Each new attempt is announced by a ``restart`` event, which every display
+reads (none parses text). The events themselves go through ``intake.AttemptEvents``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
 
 from ..runs import Run
-from ..schema.events import BALANCE, BATCH_SIZE, EXIT, LOG, OOM_RETRY, RESTART, RESULT, STREAM, Event
-from ..schema.lines import count_lines, expand_lines
-from ..schema.results import unpack_result
-from ..schema.runlog import RunLog
-from ..schema.status import RunStatus
-from ..supervision.failure import FailureTracker, root_cause
-from ..supervision.ordering import InOrderRelease
-
-MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
+from ..schema.events import OOM_RETRY, RESTART, Event
+from ..supervision.failure import root_cause
 
 
-class Attempts:
-    """The attempts of one launch. ``single_attempt``: never try again here (an agent of a launch across hosts:
-    the launching kernel decides new tries for every host)."""
+class RestartPolicy:
+    """Whether a failed attempt is tried again, and with what plan. ``announce``: where its ``oom_retry`` and
+    ``restart`` events go (the attempt's ``AttemptEvents.on_event``). ``single_attempt``: never try again here
+    (an agent of a launch across hosts: the launching kernel decides new tries for every host)."""
 
-    def __init__(self, run: Run, log: RunLog, display, single_attempt: bool = False):
+    def __init__(self, run: Run, announce: Callable[[Event], None], single_attempt: bool = False):
         self.run = run
-        self.log = log
-        self.display = display
+        self.announce = announce
         self.single_attempt = single_attempt
         self.restarts = 0
-        self.tracker = FailureTracker()
-        self.in_order: InOrderRelease | None = None
 
-    # -- one attempt ------------------------------------------------------------------------------------------
-    def begin(self, ranks) -> None:
-        """A new attempt of these ranks: a fresh failure tracker and in-order buffer."""
-        self.run.attempts += 1
-        for results in (self.run.results, self.run.results_left_out, self.run.results_unavailable):
-            results.clear()  # what an earlier, failed attempt returned is not this attempt's
-        self.tracker = FailureTracker()
-        self.in_order = InOrderRelease(list(ranks), self.display.show,
-                                       show_lines=getattr(self.display, "show_lines", None))
-        self.run.balance_book.clear()
-        self.run.status = RunStatus.RUNNING
-
-    def tick(self) -> None:
-        """Called by the supervising loop after each wait: in-order lines whose time has come, the display."""
-        self.in_order.release()
-        self.display.tick()
-
-    def end(self) -> None:
-        self.in_order.release(everything=True)
-
-    def on_event(self, event: Event) -> None:
-        """Every event of the attempt, in the order the kernel read it."""
-        run = self.run
-        if event.kind == STREAM and event.data.get("redraw"):
-            pass  # a progress bar's passing state: in the run log and the panel only
-        elif event.kind == RESULT:
-            run.events.append(dataclasses.replace(event, attachment=b""))  # the value itself is in run.results
-        elif event.kind not in (STREAM, LOG) or len(run.events) < MAX_EVENTS_IN_MEMORY:
-            run.events.append(event)
-        else:
-            run.events_dropped += 1  # output lines beyond the cap are in the run log only
-        self.log.write(event)
-        self.tracker.observe(event)
-        self.in_order.push(event)
-        if event.kind == RESULT and not self.single_attempt:  # (an agent forwards results as they came)
-            self._receive_result(event)
-        elif event.kind == BATCH_SIZE:
-            run.batch_sizes[event.data["key"]] = event.data["batch_size"]
-        elif event.kind == EXIT:
-            run.exit_codes[event.rank] = event.data.get("exit_code")
-        elif event.kind == BALANCE:
-            run.balance_book.observe(event.rank, event.data)
-
-    def on_lines(self, lines: list) -> None:
-        """``on_event`` for plain lines of one rank read together (runs of prints and records, and ``log``
-        records without in_order, see ``RankDemux``): each stage takes the whole list at once."""
-        run = self.run
-        room, count = MAX_EVENTS_IN_MEMORY - len(run.events), count_lines(lines)
-        if room >= count:
-            run.events.extend_lines(lines)
-        else:
-            run.events.extend_lines(expand_lines(lines)[:max(0, room)])
-            run.events_dropped += count - max(0, room)  # output lines beyond the cap are in the run log only
-        self.log.write_lines(lines)
-        self.tracker.observe_lines(lines)
-        self.in_order.push_lines(lines)
-
-    def _receive_result(self, event: Event) -> None:
-        if event.data.get("kept") is False:
-            self.run.results_left_out[event.rank] = event.data.get("reason", "")
-            return
-        try:
-            self.run.results[event.rank] = unpack_result(event.data, event.attachment)
-        except (Exception, KeyboardInterrupt, SystemExit) as exc:  # noqa: BLE001 - keep supervising; the launch
-            # raises it once every rank is done (an interrupt now is the pickle's own: Ctrl-C waits for the loop)
-            self.run.results_unavailable[event.rank] = (str(event.data.get("type")), f"{type(exc).__name__}: {exc}")
-
-    # -- between attempts -------------------------------------------------------------------------------------
     def next_plan(self, plan, failures: dict, who: str, may_retry: bool = True):
         """After a failed attempt: the plan of the next one, or None (the caller raises). Sets the Run's failures
         and root cause either way. ``may_retry=False``: the attempt cannot be repeated (a host could not run)."""
@@ -117,7 +39,7 @@ class Attempts:
         if cause.oom_retry:
             retry = agreed_retry(failures)
             run.oom_retries.append(retry)
-            self.on_event(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
+            self.announce(Event(rank=cause.rank, seq=0, time=time.monotonic(), kind=OOM_RETRY, data=retry))
             self._restart(cause.rank, "out of memory", retry["new_batch_size"],
                           f"restarting {who} at batch size {retry['new_batch_size']}")
             return dataclasses.replace(plan, batch_sizes={**(plan.batch_sizes or {}),
@@ -131,26 +53,8 @@ class Attempts:
         return plan
 
     def _restart(self, rank: int, reason: str, batch_size: int | None, text: str) -> None:
-        self.on_event(Event(rank=rank, seq=0, time=time.monotonic(), kind=RESTART, data={
+        self.announce(Event(rank=rank, seq=0, time=time.monotonic(), kind=RESTART, data={
             "attempt": self.run.attempts + 1, "reason": reason, "batch_size": batch_size, "text": text}))
-
-    def finished(self) -> Any:
-        """Every rank of the last attempt finished: rank 0's result (or ResultUnavailableError)."""
-        from ..errors import ResultUnavailableError
-
-        run = self.run
-        run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
-        if run.results_unavailable:
-            run.status = RunStatus.FAILED
-            rank, (type_name, reason) = min(run.results_unavailable.items())
-            raise ResultUnavailableError(rank, type_name, reason, run)
-        run.status = RunStatus.FINISHED
-        if run.oom_retries:
-            self.display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
-        if not self.single_attempt:  # (an agent's ranks are only part of the run: the launching kernel says it)
-            for line in run.balance.summary().splitlines():
-                self.display.note(line)
-        return run.result(0)
 
 
 def agreed_retry(failures: dict) -> dict:

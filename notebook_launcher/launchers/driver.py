@@ -19,9 +19,10 @@ from ..display.state import RunState
 from ..runs import Run, remember
 from ..schema.runlog import RunLog
 from ..schema.status import RunStatus
-from .attempts import Attempts
+from .attempts import RestartPolicy
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
+from .intake import AttemptEvents
 from .local import LocalLauncher
 from .payload import spawn_payload
 
@@ -49,7 +50,8 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
     _warn_old_kernel_once(shown)
     started = time.monotonic()
     try:
-        return launcher.launch(plan, run, shown, Attempts(run, log, shown, single_attempt))
+        events = AttemptEvents(run, log, shown, single_attempt)
+        return launcher.launch(plan, run, shown, events, RestartPolicy(run, events.on_event, single_attempt))
     except KeyboardInterrupt:
         run.status = RunStatus.INTERRUPTED
         shown.note("interrupted" if plan.runs_in_kernel else

@@ -11,7 +11,8 @@ from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
 from ..runs import Run
 from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message
-from .attempts import Attempts
+from .attempts import RestartPolicy
+from .intake import AttemptEvents
 
 
 @dataclass
@@ -32,30 +33,30 @@ class HostsLauncher:
         self.settings = settings
         self.payload = payload  # (function, args), pickled for the agents
 
-    def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
+    def launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         hosts = self.settings.hosts
         display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
                      f"per host, on {plan.device} ({plan.backend})")
         while True:
-            attempts.begin(range(plan.world_size))
-            cluster = Cluster(plan, hosts, self.settings.ssh_options, self.payload, attempts.on_event, display.note,
-                              on_tick=attempts.tick, start_with=self.settings.start_with,
+            events.begin(range(plan.world_size))
+            cluster = Cluster(plan, hosts, self.settings.ssh_options, self.payload, events.on_event, display.note,
+                              on_tick=events.tick, start_with=self.settings.start_with,
                               mpirun_options=self.settings.mpirun_options)
             try:
                 cluster.run(plan.timeout)
             finally:
-                attempts.end()
+                events.end()
             if cluster.stop_reason == StopReason.INTERRUPTED:
                 raise KeyboardInterrupt
-            failures = attempts.tracker.failures()
+            failures = events.tracker.failures()
             problem = cluster.host_problem()
             if failures:
-                again = attempts.next_plan(plan, failures, "every host", may_retry=not problem)
+                again = policy.next_plan(plan, failures, "every host", may_retry=not problem)
                 if again is not None:
                     plan = again
                     continue
-                raise self._rank_failed(plan, run, attempts, failures, problem)
+                raise self._rank_failed(plan, run, events, failures, problem)
             if problem:
                 run.status = RunStatus.FAILED
                 raise HostFailedError(problem, run)
@@ -71,13 +72,13 @@ class HostsLauncher:
                 if error.get("type") == "LaunchTimeoutError":
                     raise LaunchTimeoutError(text, run)
                 raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
-            return attempts.finished()
+            return events.finished()
 
-    def _rank_failed(self, plan, run: Run, attempts: Attempts, failures: dict, problem) -> RankFailedError:
+    def _rank_failed(self, plan, run: Run, events: AttemptEvents, failures: dict, problem) -> RankFailedError:
         """The root cause first, then which host each rank ran on (and why a host could not run, if one could not)."""
         hosts, cause = self.settings.hosts, run.root_cause
         run.status = RunStatus.FAILED
-        message = failure_message(cause, failures, attempts.tracker, list(range(plan.world_size)), run.run_dir)
+        message = failure_message(cause, failures, events.tracker, list(range(plan.world_size)), run.run_dir)
         where = "; ".join(f"{host}: ranks {node * plan.num_processes}-{(node + 1) * plan.num_processes - 1}"
                           for node, host in enumerate(hosts))
         message += f"\n\nRank {cause.rank} ran on {hosts[cause.rank // plan.num_processes]} ({where})."

@@ -13,7 +13,7 @@ class InKernelLauncher:
     """A one-process default group (so DDP code runs unchanged) and the Accelerate variables, both put back as
     they were afterwards. ``timeout`` does not apply here."""
 
-    def launch(self, plan, run: Run, display, attempts=None) -> Any:
+    def launch(self, plan, run: Run, display, events=None, policy=None) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         import torch.distributed as dist
 

@@ -21,7 +21,8 @@ from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message, hang_message
 from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
-from .attempts import Attempts
+from .attempts import RestartPolicy
+from .intake import AttemptEvents
 
 
 class LocalLauncher:
@@ -30,7 +31,7 @@ class LocalLauncher:
     def __init__(self, payload: bytes = b""):
         self.payload = payload  # (function, args) pickled, for spawned workers; b"" under fork
 
-    def launch(self, plan, run: Run, display, attempts: Attempts) -> Any:
+    def launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         if plan.start_method == "fork":  # imported once here, not in every forked worker
             import torch.distributed  # noqa: F401 (~1 s each)
@@ -39,7 +40,7 @@ class LocalLauncher:
                 import_xla_multiprocessing()  # (~7 s; it does not start the XLA runtime)
 
             prepare_results()
-        payload_path = self._write_payload(attempts.log) if self.payload else ""
+        payload_path = self._write_payload(events.log) if self.payload else ""
         meeting_point = None
         if plan.num_nodes > 1 and plan.rdzv_backend == "c10d":
             meeting_point = NodeRendezvous.for_launch(f"{plan.master_addr}:{plan.requested_port}", plan.rdzv_id,
@@ -50,25 +51,25 @@ class LocalLauncher:
                 display.note(plan.describe())
                 for lost in missing_private_names():  # a hook of ours this torch cannot take: say so, once
                     display.note(f"warning: this torch lacks {lost}")
-            attempts.begin(plan.global_rank(local) for local in range(plan.num_processes))
-            supervisor = Supervisor(plan, attempts.on_event, payload_path, on_tick=attempts.tick,
+            events.begin(plan.global_rank(local) for local in range(plan.num_processes))
+            supervisor = Supervisor(plan, events.on_event, payload_path, on_tick=events.tick,
                                     store_listen_fd=reservation.fileno() if reservation else -1,
-                                    progress_dir=run.run_dir, on_lines=attempts.on_lines)
+                                    progress_dir=run.run_dir, on_lines=events.on_lines)
             try:  # once started, rank 0 has its own copy of the listening socket; run() ends every worker itself
                 outcome = supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
             finally:
                 if reservation is not None:
                     reservation.close()
-                attempts.end()
+                events.end()
             if outcome.stop_reason in (StopReason.HANG, StopReason.TIMEOUT):
-                raise _hang_error(plan, run, attempts, outcome)
-            failures = attempts.tracker.failures()
+                raise _hang_error(plan, run, events, outcome)
+            failures = events.tracker.failures()
             if not failures and outcome.stop_reason is None:
-                return attempts.finished()
-            again = attempts.next_plan(plan, failures, "all ranks")
+                return events.finished()
+            again = policy.next_plan(plan, failures, "all ranks")
             if again is None:
                 run.status = RunStatus.FAILED
-                raise RankFailedError(failure_message(run.root_cause, failures, attempts.tracker, outcome.ranks,
+                raise RankFailedError(failure_message(run.root_cause, failures, events.tracker, outcome.ranks,
                                                       run.run_dir), run.root_cause, failures, run)
             plan = again
 
@@ -98,9 +99,9 @@ class LocalLauncher:
         return plan, reservation
 
 
-def _hang_error(plan, run: Run, attempts: Attempts, outcome: SupervisorOutcome) -> LaunchTimeoutError:
+def _hang_error(plan, run: Run, events: AttemptEvents, outcome: SupervisorOutcome) -> LaunchTimeoutError:
     """A hang or the timeout: where every rank was and its stacks, in the message and on the Run."""
-    tracker = attempts.tracker
+    tracker = events.tracker
     run.status = RunStatus.HUNG if outcome.stop_reason == StopReason.HANG else RunStatus.TIMED_OUT
     message = hang_message(outcome.snapshot, tracker, outcome.stack_dump_seq, plan.timeout, run.run_dir,
                            outcome.stop_reason == StopReason.TIMEOUT)
