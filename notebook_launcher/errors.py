@@ -10,6 +10,8 @@ which the rank side may import).
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .schema.errors import NotebookLauncherError
@@ -36,7 +38,7 @@ class RankFailedError(NotebookLauncherError, ChildFailedError, RuntimeError):
         self.failures = failures
         self.run = run
 
-    def get_first_failure(self):
+    def get_first_failure(self) -> tuple[int, Any]:
         """(rank, failure) of the root cause, as ``ChildFailedError.get_first_failure`` gives."""
         return self.rank, self.failure
 

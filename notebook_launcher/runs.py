@@ -72,7 +72,7 @@ class Run:
                 if event.kind == "stream" and not event.data.get("redraw") and (rank is None or event.rank == rank)
                 and (stream is None or event.data.get("stream") == stream)]
 
-    def panel(self, **filters):
+    def panel(self, **filters) -> Any:
         """An ipywidgets inspector of this run's whole log: filter by rank, level and kind, search, page through
         it (``notebook_launcher.inspect_run`` takes the same filters, and past runs by id or directory)."""
         return inspect_run(self, **filters)

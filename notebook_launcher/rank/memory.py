@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import sys
+from collections.abc import Callable
 
 from ..schema.events import BATCH_SIZE
 from . import context
@@ -66,7 +67,7 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     return False
 
 
-def free_memory(*objects):
+def free_memory(*objects) -> list[None]:
     """Collect garbage and empty the active device's cache; returns a list of None, one per object given (so
     ``model, optimizer = free_memory(model, optimizer)`` drops your references too)."""
     released = [None for _ in objects]
@@ -85,7 +86,7 @@ def free_memory(*objects):
     return released
 
 
-def release_memory(*objects):
+def release_memory(*objects) -> list[None]:
     """Accelerate's name for ``free_memory(*objects)``: ``a, b = release_memory(a, b)``."""
     return free_memory(*objects)
 
@@ -123,7 +124,8 @@ def peak_memory_figures() -> dict:
     return peaks
 
 
-def find_executable_batch_size(function=None, starting_batch_size: int = 128, reduce_batch_size_fn=None):
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[[int], int] | None = None) -> Callable:
     """Decorator: call ``function(batch_size, ...)`` starting at ``starting_batch_size``; on an out-of-memory
     error free memory and try again with half (or ``reduce_batch_size_fn(batch_size)``), down to a clear error
     at zero ("No executable batch size found, reached zero.") listing the sizes tried. Other errors pass
