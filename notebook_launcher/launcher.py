@@ -46,8 +46,9 @@ def notebook_launcher(
     hosts: Sequence[str] | None = None,
     hostfile: str | None = None,
     ssh_options: Sequence[str] | None = None,
-    start_hosts_with: Literal["ssh", "mpirun"] = "ssh",
+    start_hosts_with: Literal["ssh", "mpirun", "srun"] = "ssh",
     mpirun_options: Sequence[str] | None = None,
+    slurm_options: Sequence[str] | None = None,
     results: Literal["auto", "all", "rank0"] = "auto",
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks from a notebook and return rank 0's return value.
@@ -114,6 +115,10 @@ def notebook_launcher(
     cloudpickle, and brings every rank's events back into this cell, signed with a secret made for the run. A
     failure or an interrupt on any host stops every host. ``start_hosts_with="mpirun"`` starts the hosts' agents
     with the MPI found instead (``mpirun_options`` are added to its command); they connect back to this kernel.
+    ``start_hosts_with="srun"`` (Slurm) starts one agent per node of the job this kernel runs in with srun
+    (``hosts=`` may narrow the nodes); from outside a job, ``slurm_options=["--nodes=2", ...]`` (salloc's options)
+    asks Slurm for the allocation first, shows its job id and squeue's reason while it waits, and gives it back
+    at the end (an interrupt or ``timeout=`` cancels it).
 
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
@@ -126,7 +131,8 @@ def notebook_launcher(
         raise LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
-    hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with, mpirun_options)
+    hosts = resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with, mpirun_options,
+                          slurm_options)
     if hosts:
         num_nodes, master_addr = len(hosts), without_user(hosts[0])
     plan = make_plan(
@@ -137,5 +143,5 @@ def notebook_launcher(
         log_line_prefix_template=log_line_prefix_template, start_method=start_method, device=device,
         backend=backend, timeout=timeout, hang_warning=hang_warning, debug=debug, config_file=config_file,
         memory_limit=memory_limit, results=results, in_workers=bool(hosts))
-    settings = HostSettings(hosts, ssh_options, start_hosts_with, mpirun_options) if hosts else None
+    settings = HostSettings(hosts, ssh_options, start_hosts_with, mpirun_options, slurm_options) if hosts else None
     return launch(plan, display, settings)

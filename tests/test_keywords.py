@@ -8,7 +8,8 @@ import re
 from notebook_launcher import notebook_launcher
 from notebook_launcher.plan import make_plan
 
-HOST_KEYWORDS = ("display", "hosts", "hostfile", "ssh_options", "start_hosts_with", "mpirun_options")  # not the plan's
+HOST_KEYWORDS = ("display", "hosts", "hostfile", "ssh_options", "start_hosts_with", "mpirun_options",
+                 "slurm_options")  # not the plan's
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
