@@ -1,5 +1,6 @@
-"""Run under ``salloc`` by tests/test_slurm.py: a notebook's kernel inside a Slurm allocation. Prints one line,
-``RESULT {json}``, with what the launches gave."""
+"""A notebook's kernel for tests/test_slurm.py. Run under ``salloc``: inside a Slurm allocation, it prints one
+line, ``RESULT {json}``, with what the launches gave. With ``sleep``: from outside a job, ranks that sleep on an
+allocation asked for with slurm_options (the test kills this process meanwhile)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ def where_am_i():
     return {"node": os.environ.get("SLURMD_NODENAME"), "sum": value.item(), "world": dist.get_world_size()}
 
 
+def sleeps():
+    import time
+
+    print(f"sleeping on {os.environ.get('SLURMD_NODENAME')}", flush=True)
+    time.sleep(300)
+
+
 def main() -> dict:
     from notebook_launcher import notebook_launcher
     from notebook_launcher.cluster.slurm_checks import slurm_checks
@@ -27,6 +35,8 @@ def main() -> dict:
     out["rank0"] = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", results="all",
                                      display="text", timeout=240)
     out["ranks"] = {str(rank): value["node"] for rank, value in last_run().results.items()}
+    if sys.argv[1:] == ["once"]:
+        return out
     out["narrowed"] = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", hosts=["n2"],
                                         display="text", timeout=240)
     try:
@@ -39,5 +49,10 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["sleep"]:
+        from notebook_launcher import notebook_launcher
+
+        notebook_launcher(sleeps, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
+                          display="text", timeout=300)
     print("RESULT " + json.dumps(main()), flush=True)
     sys.stdout.flush()

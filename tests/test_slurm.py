@@ -125,6 +125,18 @@ def test_inside_an_allocation_two_ranks_per_node_form_one_group_of_four(slurm):
     assert checks["srun from here"][0] == "ok" and "n1" in checks["srun from here"][1]
 
 
+def test_inside_a_step_of_the_job_as_under_batchspawner(slurm):
+    """batchspawner runs the notebook server in a step of the job (``srun ... jupyterhub-singleuser``), which
+    holds the CPUs of its node: the agents' step overlaps it."""
+    done = slurm.run(["salloc", "-N2", "--ntasks-per-node=2", "--", "srun", "-N1", "-n1", "--export=ALL",
+                      sys.executable, DRIVER, "once"], timeout=400, cwd=os.path.dirname(DRIVER))
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"{done.stdout}\n{done.stderr}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["rank0"] == {"node": "n1", "sum": 10.0, "world": 4}
+    assert result["ranks"] == {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
+
+
 def test_from_outside_slurm_options_ask_for_the_allocation_and_give_it_back(slurm, capsys):
     result = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
                                results="all", display="text", timeout=240)
@@ -207,7 +219,7 @@ def test_a_timeout_while_the_ranks_run_stops_them_and_gives_the_job_back(slurm):
     started = time.monotonic()
     with pytest.raises(LaunchTimeoutError):
         notebook_launcher(sleeps, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
-                          display="text", timeout=20)
+                          display="text", timeout=12)
     assert time.monotonic() - started < 200
 
 
@@ -216,6 +228,29 @@ def test_a_timeout_while_the_job_pends_cancels_it(slurm):
     with pytest.raises(LaunchTimeoutError, match="did not grant the allocation within timeout=8"):
         notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
                           display="text", timeout=8)
+
+
+def test_the_kernels_death_gives_the_job_back_and_ends_every_rank(slurm):
+    """The kernel SIGKILLed while its ranks run on an allocation it asked for: the holder's input ends, salloc
+    gives the job back, the agents' connection ends and they stop their ranks."""
+    import subprocess
+
+    kernel = subprocess.Popen([sys.executable, DRIVER, "sleep"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**slurm.env, "PYTHONPATH": os.path.dirname(os.path.dirname(DRIVER))}, text=True,
+                              start_new_session=True)
+    try:
+        seen, deadline = [], time.monotonic() + 240
+        while sum("sleeping on" in line for line in seen) < 4 and time.monotonic() < deadline:
+            line = kernel.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+        assert sum("sleeping on" in line for line in seen) == 4, "".join(seen)
+        assert len(slurm.jobs()) == 1
+    finally:
+        os.kill(kernel.pid, signal.SIGKILL)
+        kernel.wait(timeout=30)
+        kernel.stdout.close()
 
 
 def test_a_failing_rank_on_node_2_is_named_first(slurm):
