@@ -92,7 +92,7 @@ def _left_behind(cluster, wait_s: float = 30) -> list[str]:
         time.sleep(0.5)
 
 
-def _hold_the_nodes(cluster) -> None:
+def hold_the_nodes(cluster) -> None:
     """A maintenance reservation over both nodes: a job asking for them pends (ReqNodeNotAvail)."""
     done = cluster.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "Nodes=ALL",
                         "StartTime=now", "Duration=30", "Users=nobody", "Flags=maint,ignore_jobs"])
@@ -163,7 +163,7 @@ class _ReleasingPanel(PanelDisplay):
 
 
 def test_the_panel_shows_the_job_pending_with_its_reason_then_the_run(slurm):
-    _hold_the_nodes(slurm)
+    hold_the_nodes(slurm)
     panel = _ReleasingPanel(slurm)
     result = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
                                display=panel, timeout=240)
@@ -199,7 +199,7 @@ class _InterruptingText(TextDisplay):
 
 
 def test_an_interrupt_while_the_job_pends_cancels_it(slurm, capsys):
-    _hold_the_nodes(slurm)
+    hold_the_nodes(slurm)
     display = _InterruptingText(lambda seen: any("is pending" in text for text in seen))
     with pytest.raises(KeyboardInterrupt):
         notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
@@ -224,7 +224,7 @@ def test_a_timeout_while_the_ranks_run_stops_them_and_gives_the_job_back(slurm):
 
 
 def test_a_timeout_while_the_job_pends_cancels_it(slurm):
-    _hold_the_nodes(slurm)
+    hold_the_nodes(slurm)
     with pytest.raises(LaunchTimeoutError, match="did not grant the allocation within timeout=8"):
         notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
                           display="text", timeout=8)

@@ -63,7 +63,7 @@ class Allocation:
         from ..supervision.interrupts import DeferredInterrupt
 
         command = self.command()
-        self.note(f"asking Slurm for an allocation: {' '.join(command[:-4])}")
+        self.note(f"asking Slurm for an allocation: {' '.join(['salloc', *command[1:-4]])}")
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, env=slurm_env(), start_new_session=True)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -140,7 +140,7 @@ class Allocation:
         except SlurmError:
             return
         state, _, reason = text.partition("|")
-        if state == "PENDING" and reason and reason != self.reason:
+        if state == "PENDING" and reason not in ("", "None", self.reason):  # (None: about to start)
             self.reason = reason
             self.note(f"Slurm job {self.job_id} is pending ({reason}): waiting for its allocation (an interrupt or "
                       f"timeout= cancels it: scancel {self.job_id})")
