@@ -253,6 +253,33 @@ def test_the_kernels_death_gives_the_job_back_and_ends_every_rank(slurm):
         kernel.stdout.close()
 
 
+def oom_on_node_2():
+    import torch
+    import torch.distributed as dist
+
+    from notebook_launcher import find_executable_batch_size
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def fit(batch_size):
+        if os.environ.get("SLURMD_NODENAME") == "n2" and dist.get_rank() == 3 and batch_size > 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        total = torch.tensor([float(batch_size)])
+        dist.all_reduce(total)  # every rank, on both nodes, at the same size
+        return total.item() / dist.get_world_size()
+
+    return fit()
+
+
+def test_an_out_of_memory_error_on_node_2_restarts_both_nodes_in_the_same_allocation(slurm, capsys):
+    assert notebook_launcher(oom_on_node_2, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
+                             display="text", timeout=240) == 32.0
+    run = last_run()
+    assert run.attempts == 2 and [(r["batch_size"], r["new_batch_size"], r["ranks"]) for r in run.oom_retries] == [
+        (64, 32, [3])]
+    said = capsys.readouterr().out
+    assert said.count("asking Slurm for an allocation") == 1 and said.count(" granted: n1, n2") == 1  # one job
+
+
 def test_a_failing_rank_on_node_2_is_named_first(slurm):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(fails_on_node_2, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
