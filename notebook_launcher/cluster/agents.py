@@ -114,10 +114,10 @@ class Cluster:
 
     def _config(self, node: RemoteNode) -> dict:
         plan = self.plan
-        secret = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
+        extra = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
         if self.srun is not None:  # node 0's ranks serve the store on the address Slurm reaches the node on
-            secret["node_address"] = self.srun.addresses[node.node_rank]
-        return {**secret, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
+            extra["node_address"] = self.srun.addresses[node.node_rank]
+        return {**extra, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
                 "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from ..errors import LaunchArgumentError
+from ..errors import HostFailedError, LaunchArgumentError
 
 STEP_NAME = "notebook_launcher"  # the name of our steps (and jobs): what teardown looks for
 _TIMEOUT_S = 30  # a Slurm command that answers nothing in this long: slurmctld is unreachable
@@ -200,7 +200,11 @@ def resolve_srun_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, mpiru
             raise LaunchArgumentError("hosts=[...] narrows the nodes of the job this kernel runs in; with "
                                       "slurm_options, name the nodes there (e.g. '--nodelist=n[1-2]')")
         return [f"slurm-node-{index}" for index in range(option_nodes(list(slurm_options)))]
-    job = job_from_env()
+    try:
+        job = job_from_env()
+    except SlurmError as exc:
+        raise HostFailedError(f"start_hosts_with='srun': the nodes of Slurm job {os.environ.get('SLURM_JOB_ID')} "
+                              f"cannot be read ({exc}); check that Slurm's commands work here (`sinfo`)") from None
     if job is None:
         raise LaunchArgumentError(f"start_hosts_with='srun' without slurm_options needs a Slurm allocation, and "
                                   f"this kernel is not in one (SLURM_JOB_ID is not set): {SALLOC_FIX}")
