@@ -70,10 +70,7 @@ class SlurmCluster:
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.munge_socket = os.path.join(self.dir, "munge", "munge.socket")
         self.processes: dict[str, subprocess.Popen] = {}
-        self.env = {**os.environ, "SLURM_CONF": self.conf}
-        for name in [k for k in self.env if k.startswith(("SLURM_", "SALLOC_", "SRUN_", "SBATCH_"))]:
-            if name != "SLURM_CONF":
-                del self.env[name]
+        self.env = self.client_env()  # the daemons'
 
     # -- start -----------------------------------------------------------------------------------------------
     def start(self) -> SlurmCluster:
@@ -162,8 +159,16 @@ MessageTimeout=30
         return all(states.get(node) == "idle" for node in NODES)
 
     # -- use -------------------------------------------------------------------------------------------------
-    def run(self, command: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=self.env, **kwargs)
+    def client_env(self) -> dict[str, str]:
+        """This process's environment as it is now (a test's NOTEBOOK_LAUNCHER_RUNS_DIR included), outside any
+        job, with SLURM_CONF naming this cluster."""
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith(("SLURM_", "SALLOC_", "SRUN_", "SBATCH_"))}
+        return {**env, "SLURM_CONF": self.conf}
+
+    def run(self, command: list[str], timeout: float = 60, extra_env=None, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env={**self.client_env(), **(extra_env or {})}, **kwargs)
 
     def jobs(self) -> list[str]:
         """The jobs squeue lists (pending, running, completing): "id state reason" each."""

@@ -22,6 +22,7 @@ from notebook_launcher.runs import last_run
 
 pytestmark = pytest.mark.slow
 DRIVER = os.path.join(os.path.dirname(__file__), "slurm_driver.py")
+CHECKOUT = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # this checkout's package
 RESERVATION = "nl-test-hold"
 
 
@@ -110,7 +111,7 @@ def test_inside_an_allocation_two_ranks_per_node_form_one_group_of_four(slurm):
     all_reduce over 4; rank 0's value back; hosts= narrows to one node; 3 ranks on a node of 2 CPUs refused;
     the doctor's Slurm checks."""
     done = slurm.run(["salloc", "-N2", "--ntasks-per-node=2", "--", sys.executable, DRIVER], timeout=400,
-                     cwd=os.path.dirname(DRIVER))
+                     cwd=os.path.dirname(DRIVER), extra_env=CHECKOUT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, f"{done.stdout}\n{done.stderr}"
     result = json.loads(lines[-1][len("RESULT "):])
@@ -129,7 +130,7 @@ def test_inside_a_step_of_the_job_as_under_batchspawner(slurm):
     """batchspawner runs the notebook server in a step of the job (``srun ... jupyterhub-singleuser``), which
     holds the CPUs of its node: the agents' step overlaps it."""
     done = slurm.run(["salloc", "-N2", "--ntasks-per-node=2", "--", "srun", "-N1", "-n1", "--export=ALL",
-                      sys.executable, DRIVER, "once"], timeout=400, cwd=os.path.dirname(DRIVER))
+                      sys.executable, DRIVER, "once"], timeout=400, cwd=os.path.dirname(DRIVER), extra_env=CHECKOUT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, f"{done.stdout}\n{done.stderr}"
     result = json.loads(lines[-1][len("RESULT "):])
@@ -236,7 +237,7 @@ def test_the_kernels_death_gives_the_job_back_and_ends_every_rank(slurm):
     import subprocess
 
     kernel = subprocess.Popen([sys.executable, DRIVER, "sleep"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env={**slurm.env, "PYTHONPATH": os.path.dirname(os.path.dirname(DRIVER))}, text=True,
+                              env={**slurm.client_env(), **CHECKOUT}, text=True,
                               start_new_session=True)
     try:
         seen, deadline = [], time.monotonic() + 240
