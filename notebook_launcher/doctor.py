@@ -25,6 +25,7 @@ from .cluster.remote import (  # noqa: F401
     mpi_sanity_run,
     read_hostfile,  # the SSH and MPI checks live with the helpers a launch across hosts uses
 )
+from .cluster.slurm_checks import slurm_checks
 from .errors import LaunchArgumentError
 
 
@@ -68,6 +69,7 @@ def doctor(num_processes: int | None = None, port: int = 29500, hostfile: str | 
     report.checks.append(check_shared_memory())
     report.checks.append(check_open_files())
     report.checks.append(check_mpi())
+    report.checks += slurm_checks()  # the Slurm job this kernel runs in, and srun from here (none without Slurm)
     if hostfile:
         try:
             hosts = read_hostfile(hostfile)

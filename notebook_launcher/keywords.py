@@ -83,10 +83,16 @@ class LaunchKeywords:
     hostfile: str | None = _keyword(None, "a file with one host per line, instead of `hosts`", hosts=True)
     ssh_options: Sequence[str] | None = _keyword(
         None, "arguments for ssh, e.g. `[\"-p\", \"2222\", \"-i\", key]`", hosts=True)
-    start_hosts_with: Literal["ssh", "mpirun"] = _keyword(
-        "ssh", "how the hosts' agents start: `\"ssh\"`, or `\"mpirun\"` (the MPI found)", hosts=True)
+    start_hosts_with: Literal["ssh", "mpirun", "srun"] = _keyword(
+        "ssh", "how the hosts' agents start: `\"ssh\"`, `\"mpirun\"` (the MPI found), or `\"srun\"` (a step of "
+        "the Slurm job this kernel runs in, one agent per node; or of the allocation `slurm_options` asks for)",
+        hosts=True)
     mpirun_options: Sequence[str] | None = _keyword(
         None, "arguments added to mpirun's command line", hosts=True)
+    slurm_options: Sequence[str] | None = _keyword(
+        None, "salloc's options (e.g. `[\"--nodes=2\", \"--time=1:00:00\"]`): from outside a Slurm job, ask for "
+        "the allocation first (its job id and squeue's reason shown while it waits; given back at the end)",
+        hosts=True)
     results: Literal["auto", "all", "rank0"] = _keyword(
         "auto", "which return values come back: `\"auto\"` (rank 0's, and every other rank's that pickles to 64 MB "
         "or less), `\"all\"`, or `\"rank0\"`; `last_run().results` holds them by rank")
@@ -141,7 +147,3 @@ def readme_table() -> str:
         marker = " (Accelerate's)" if f.metadata["accelerate"] else ""
         rows.append(f"| `{f.name}`{marker} | `{default}` | {f.metadata['doc'].replace('|', '/')} |")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":  # python -m notebook_launcher.keywords: the README's table
-    print(readme_table())

@@ -56,6 +56,10 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     cloudpickle, and brings every rank's events back into this cell, signed with a secret made for the run. A
     failure or an interrupt on any host stops every host. ``start_hosts_with="mpirun"`` starts the hosts' agents
     with the MPI found instead (``mpirun_options`` are added to its command); they connect back to this kernel.
+    ``start_hosts_with="srun"`` (Slurm) starts one agent per node of the job this kernel runs in with srun
+    (``hosts=`` may narrow the nodes); from outside a job, ``slurm_options=["--nodes=2", ...]`` (salloc's options)
+    asks Slurm for the allocation first, shows its job id and squeue's reason while it waits, and gives it back
+    at the end (an interrupt or ``timeout=`` cancels it).
 
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
@@ -71,12 +75,13 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
     hosts = resolve_hosts(given.hosts, given.hostfile, given.num_nodes, given.node_rank, given.ssh_options,
-                          given.start_hosts_with, given.mpirun_options)
+                          given.start_hosts_with, given.mpirun_options, given.slurm_options)
     planned = given.for_plan()
     if hosts:
         planned.update(num_nodes=len(hosts), master_addr=without_user(hosts[0]))
     plan = make_plan(function, args, in_workers=bool(hosts), **planned)
-    settings = HostSettings(hosts, given.ssh_options, given.start_hosts_with, given.mpirun_options) if hosts else None
+    settings = HostSettings(hosts, given.ssh_options, given.start_hosts_with, given.mpirun_options,
+                            given.slurm_options) if hosts else None
     return launch(plan, display, settings)
 
 

@@ -89,3 +89,27 @@ def local_sshd(tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real two-node Slurm on loopback (``tests/slurm_cluster.py``: munged, slurmctld, slurmd n1 and n2, on
+    ports of their own), started once for the session and stopped by pid at its end, with a check that none of
+    its daemons is left. ``SLURM_CONF`` points at it in os.environ meanwhile. Skips only where the Slurm or munge
+    binaries are absent (``make system-deps`` installs them)."""
+    from slurm_cluster import SlurmCluster, slurm_missing
+
+    missing = slurm_missing()
+    if missing:
+        pytest.skip(missing)
+    cluster = SlurmCluster().start()
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster.conf
+    try:
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        cluster.stop()

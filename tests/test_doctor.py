@@ -52,7 +52,7 @@ def test_gpu_heterogeneity_with_injected_device_tables():
 
 def test_the_report_lists_every_check_and_the_env_report_its_fields():
     report = doctor(num_processes=2)
-    names = [check.name for check in report.checks]
+    names = [check.name for check in report.checks if not check.name.startswith(("Slurm", "srun"))]  # test_slurm
     assert names == ["Linux kernel", "CUDA in this kernel", "GPUs", "port", "/dev/shm", "open files", "MPI",
                      "reproducibility"]
     assert all(check.verdict in (OK, WARNING, PROBLEM) for check in report.checks)

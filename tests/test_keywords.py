@@ -35,7 +35,7 @@ def test_the_readme_shows_the_signature_as_it_is():
 def test_the_readme_table_is_the_declaration():
     shown = re.search(r"<!-- keywords table: begin -->\n(.*?)\n<!-- keywords table: end -->", readme(), re.S)
     assert shown is not None, "the README lost its table of keywords"
-    assert shown.group(1) == readme_table(), "regenerate it: python -m notebook_launcher.keywords"
+    assert shown.group(1) == readme_table(), "regenerate it: python scripts/keywords_table.py"
 
 
 def test_accelerates_keywords_are_positional_in_accelerates_order_and_ours_keyword_only():

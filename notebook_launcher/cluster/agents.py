@@ -29,7 +29,7 @@ from ..schema.events import AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_E
 from ..schema.status import StopReason
 from .agent_channel import AGENT_ENV_VAR, SignedFrameReader, UnverifiedStream, node_key
 from .backchannel import BackChannel, listen_address
-from .remote import SSH_FIX, check_ssh, mpi_sanity_run, mpirun_command, ssh_command
+from .remote import SSH_FIX, check_ssh, mpirun_command, mpirun_problem, ssh_command
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
 PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs
@@ -85,17 +85,18 @@ class Cluster:
     """``run()`` starts every host's agent, carries their events to ``on_event`` and returns when all are gone."""
 
     def __init__(self, plan, hosts: list[str], ssh_options, payload: bytes, on_event, note, on_tick=None,
-                 python: str | None = None, start_with: str = "ssh", mpirun_options=None):
+                 python: str | None = None, start_with: str = "ssh", mpirun_options=None, srun=None):
         self.plan = plan
         self.secret = secrets.token_bytes(32)
         self.nodes = [RemoteNode(host, rank, self.secret) for rank, host in enumerate(hosts)]
         self.ssh_options = list(ssh_options or [])
         self.start_with = start_with
         self.mpirun_options = list(mpirun_options or [])
+        self.srun = srun  # start_with "srun": slurm.SrunStart (its command, the nodes' addresses, the diagnosis)
         self._mpirun_command: list[str] = []
         self._master_line = b""  # node 0's store address, for the other agents
         self._backchannel: BackChannel | None = None
-        self._mpirun_output = RemoteNode("mpirun", -1, self.secret)  # mpirun's own stdout/stderr lines
+        self._mpirun_output = RemoteNode(start_with, -1, self.secret)  # mpirun's (srun's) own stdout/stderr lines
         self.payload = payload
         self.on_event = on_event
         self.note = note
@@ -114,8 +115,10 @@ class Cluster:
 
     def _config(self, node: RemoteNode) -> dict:
         plan = self.plan
-        secret = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
-        return {**secret, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
+        extra = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
+        if self.srun is not None:  # node 0's ranks serve the store on the address Slurm reaches the node on
+            extra["node_address"] = self.srun.addresses[node.node_rank]
+        return {**extra, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
                 "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
@@ -134,21 +137,24 @@ class Cluster:
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
     def _start_mpirun(self) -> None:
-        """One agent per host, started by the MPI found; each connects back to the back-channel (backchannel.py)
-        on the address the hosts reach this kernel on."""
+        """One agent per host, started by the MPI found (or srun); each connects back to the back-channel
+        (backchannel.py) on the address the hosts reach this kernel on."""
+        routes = self.srun.addresses if self.srun is not None else [node.host for node in self.nodes]
         try:
-            self._backchannel = channel = BackChannel(listen_address([node.host for node in self.nodes]),
-                                                      self.secret, len(self.nodes), self._selector)
+            self._backchannel = channel = BackChannel(listen_address(routes), self.secret, len(self.nodes),
+                                                      self._selector)
         except OSError as exc:
-            raise HostFailedError(f"start_hosts_with='mpirun': cannot listen for the agents on the address the "
-                                  f"hosts reach this machine on ({exc}); check this machine's name and network, or "
+            raise HostFailedError(f"start_hosts_with={self.start_with!r}: cannot listen for the agents on the address "
+                                  f"the hosts reach this machine on ({exc}); check this machine's name and network, or "
                                   f"use start_hosts_with='ssh'") from None
         agent = [self.python, "-m", "notebook_launcher.launchers.agent", "--connect"]
-        self._mpirun_command = mpirun_command([node.host for node in self.nodes], agent, self.mpirun_options)
+        self._mpirun_command = (self.srun.command(agent) if self.srun is not None else
+                                mpirun_command([node.host for node in self.nodes], agent, self.mpirun_options))
         if not self._mpirun_command:
             raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
                                   "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
-        env = {**os.environ, AGENT_ENV_VAR: f"{channel.address} {channel.port} {self.secret.hex()}"}
+        env = {**(self.srun.env() if self.srun is not None else os.environ),
+               AGENT_ENV_VAR: f"{channel.address} {channel.port} {self.secret.hex()}"}
         process = subprocess.Popen(self._mpirun_command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
         output = self._mpirun_output
@@ -216,7 +222,7 @@ class Cluster:
         deadline = None if timeout is None else time.monotonic() + timeout + STOP_GRACE_S
         try:
             with DeferredInterrupt(wake_write) as interrupt:
-                if self.start_with == "mpirun":
+                if self.start_with != "ssh":
                     self._start_mpirun()
                 else:
                     for node in self.nodes:
@@ -314,7 +320,7 @@ class Cluster:
             text = line.decode("utf-8", "replace").rstrip()
             if text:
                 node.stderr_tail.append(text)
-                self.note(f"{node.host}: {text}")
+                self.note(text if text.startswith(f"{node.host}: ") else f"{node.host}: {text}")
 
     def _frames(self, node: RemoteNode, chunk: bytes) -> None:
         if node.broken:
@@ -407,8 +413,12 @@ class Cluster:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
             if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, StopReason.FAILURE) \
                     and not node.killed:  # its ssh ended by itself, not because we stopped the run
+                if self.srun is not None:
+                    return self.srun.problem(node.host, node.node_rank, node.connected, code,
+                                             list(self._mpirun_output.stderr_tail))
                 if self.start_with == "mpirun":
-                    return self._mpirun_problem(node, code)
+                    return mpirun_problem(self._mpirun_command, list(self._mpirun_output.stderr_tail),
+                                          [other.host for other in self.nodes], node, code, self.python)
                 tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
                 check = check_ssh(node.host, self.ssh_options)  # the doctor's check says whether SSH itself works
                 verdict = (f"The doctor's SSH check: {check.verdict}, {check.found}" +
@@ -423,23 +433,6 @@ class Cluster:
                 return (f"host {node.host} (node {node.node_rank}): the connection ended before its ranks finished "
                         f"(its agent or the network went away); every host was stopped")
         return None
-
-    def _mpirun_problem(self, node: RemoteNode, code: int) -> str:
-        """mpirun ended before this host's agent finished: what mpirun said, then the doctor's sanity run."""
-        import tempfile
-
-        tail = "\n".join(f"  {line}" for line in self._mpirun_output.stderr_tail) or "  (nothing on stderr)"
-        with tempfile.NamedTemporaryFile("w", suffix=".hosts") as hostfile:
-            hostfile.write("".join(f"{other.host}\n" for other in self.nodes))
-            hostfile.flush()
-            check = mpi_sanity_run(hostfile.name, len(self.nodes))
-        connected = "its agent had connected" if node.connected else "its agent never connected back"
-        return (f"host {node.host} (node {node.node_rank}) could not run its ranks ({connected}): "
-                f"`{shlex.join(self._mpirun_command)}` exited with code {code}. Its last lines:\n{tail}\n"
-                f"The doctor's mpirun sanity run: {check.verdict}, {check.found}"
-                + (f"; fix: {check.fix}" if check.verdict != "ok" else "") +
-                f".\nAlso check that {self.python} exists on every host with notebook_launcher installed, and "
-                f"that the hosts can reach this machine (the agents connect back to it).")
 
     def node_error(self) -> tuple[RemoteNode, dict] | None:
         for node in self.nodes:

@@ -221,11 +221,37 @@ def mpi_sanity_run(hostfile: str, processes: int) -> Check:
     return Check("mpirun sanity run", OK, f"{name}: {len(names)} host name(s) printed: {', '.join(names)}")
 
 
+def mpirun_problem(command: list[str], tail: list[str], hosts: list[str], node, code: int, python: str) -> str:
+    """mpirun ended before this host's agent finished: what mpirun said, then the doctor's sanity run."""
+    import shlex
+    import tempfile
+
+    lines = "\n".join(f"  {line}" for line in tail) or "  (nothing on stderr)"
+    with tempfile.NamedTemporaryFile("w", suffix=".hosts") as hostfile:
+        hostfile.write("".join(f"{host}\n" for host in hosts))
+        hostfile.flush()
+        check = mpi_sanity_run(hostfile.name, len(hosts))
+    connected = "its agent had connected" if node.connected else "its agent never connected back"
+    return (f"host {node.host} (node {node.node_rank}) could not run its ranks ({connected}): "
+            f"`{shlex.join(command)}` exited with code {code}. Its last lines:\n{lines}\n"
+            f"The doctor's mpirun sanity run: {check.verdict}, {check.found}"
+            + (f"; fix: {check.fix}" if check.verdict != "ok" else "") +
+            f".\nAlso check that {python} exists on every host with notebook_launcher installed, and "
+            f"that the hosts can reach this machine (the agents connect back to it).")
+
+
 def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_hosts_with="ssh",
-                  mpirun_options=None) -> list[str]:
+                  mpirun_options=None, slurm_options=None) -> list[str]:
     """The hosts to start ranks on ([] for a launch on this machine only), checked before anything starts."""
-    if start_hosts_with not in ("ssh", "mpirun"):
-        raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default) or 'mpirun'")
+    if start_hosts_with not in ("ssh", "mpirun", "srun"):
+        raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default), 'mpirun' or "
+                                  f"'srun' (Slurm)")
+    if start_hosts_with == "srun":
+        from .slurm import resolve_srun_hosts
+
+        return resolve_srun_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, mpirun_options, slurm_options)
+    if slurm_options is not None:
+        raise LaunchArgumentError("slurm_options is for start_hosts_with='srun' (ranks started by Slurm's srun)")
     if mpirun_options is not None and (start_hosts_with != "mpirun" or isinstance(mpirun_options, str) or
                                        not all(isinstance(option, str) for option in mpirun_options)):
         raise LaunchArgumentError(f"mpirun_options must be a list of mpirun arguments, with "

@@ -1,7 +1,7 @@
 """One host's part of a launch across hosts (``notebook_launcher(..., hosts=[...])``).
 
-The launching kernel starts ``python -m notebook_launcher.launchers.agent`` on each host over SSH (or with mpirun, one
-agent per host, each connecting back to the kernel with ``--connect``: then that connection carries what stdin
+The launching kernel starts ``python -m notebook_launcher.launchers.agent`` on each host over SSH (or with mpirun or
+srun, one agent per host, each connecting back to the kernel with ``--connect``: then that connection carries what stdin
 and stdout carry over SSH, once both ends have proven they hold the run's key, and each message from the kernel
 is checked before it is read: ``backchannel``). The agent runs that host's ranks with the ordinary launcher
 (fork, supervision, teardown, hang diagnosis) and sends every event back on its stdout, which is the SSH
@@ -140,7 +140,8 @@ class CheckedReader(StdinReader):
         self._buffer += chunk
 
 
-_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+# (srun: task N of the step, one per node, on the step's N-th node)
+_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 
 
 def main(argv: list[str]) -> int:
@@ -163,7 +164,8 @@ def main(argv: list[str]) -> int:
             from ..cluster.ports import PortReservation
 
             reservation = PortReservation("0.0.0.0", config["requested_port"])
-            master = {"master_addr": _address_seen_by_the_kernel(), "master_port": reservation.port}
+            master = {"master_addr": config.get("node_address") or _address_seen_by_the_kernel(),
+                      "master_port": reservation.port}
             writer.send(-1, AGENT_EVENT, master)
         else:
             line = stdin.readline()  # where node 0's ranks serve the store; a stop or EOF first: the run ended

@@ -79,6 +79,10 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
 def choose_launcher(plan, hosts: HostSettings | None):
     """The mechanism for this plan. (A new one goes here: a class with ``launch(plan, run, display, attempts)``.)"""
     if hosts is not None:
+        if hosts.start_with == "srun":
+            from .slurm import SlurmLauncher
+
+            return SlurmLauncher(hosts, spawn_payload(plan.function, plan.args))
         return HostsLauncher(hosts, spawn_payload(plan.function, plan.args))
     if plan.runs_in_kernel:
         return InKernelLauncher()

@@ -21,8 +21,10 @@ class HostSettings:
 
     hosts: list
     ssh_options: list | None = None
-    start_with: str = "ssh"  # "ssh" | "mpirun"
+    start_with: str = "ssh"  # "ssh" | "mpirun" | "srun"
     mpirun_options: list | None = None
+    slurm_options: list | None = None  # srun from outside a job: salloc's options (launchers/slurm.py)
+    srun: Any = None  # srun: how the agents start in the job (cluster.slurm.SrunStart), set by SlurmLauncher
 
 
 class HostsLauncher:
@@ -42,7 +44,7 @@ class HostsLauncher:
             events.begin(range(plan.world_size))
             cluster = Cluster(plan, hosts, self.settings.ssh_options, self.payload, events.on_event, display.note,
                               on_tick=events.tick, start_with=self.settings.start_with,
-                              mpirun_options=self.settings.mpirun_options)
+                              mpirun_options=self.settings.mpirun_options, srun=self.settings.srun)
             try:
                 cluster.run(plan.timeout)
             finally:
