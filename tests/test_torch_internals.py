@@ -44,3 +44,13 @@ def test_a_launch_on_a_torch_without_one_warns_once_and_still_runs(monkeypatch, 
     out = capsys.readouterr().out
     assert out.count("warning: this torch lacks torch.nn.parallel.distributed.DistributedDataParallel"
                      "._sync_buffers (used by ddp_watch): DDP's buffer broadcast is not recorded") == 1, out
+
+
+def test_ipykernel_routes_a_comm_message_through_the_hook_the_panel_sets():
+    """The live panel's comm answers a request while a cell runs through ipykernel 7's per-comm routing hook
+    (display/comm.py sets it); the installed ipykernel still asks a comm for it."""
+    import inspect
+
+    import ipykernel.kernelbase
+
+    assert '"_reply_subshell_for"' in inspect.getsource(ipykernel.kernelbase)
