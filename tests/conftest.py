@@ -91,12 +91,14 @@ def local_sshd(tmp_path):
         server.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster():
     """A real two-node Slurm on loopback (``tests/slurm_cluster.py``: munged, slurmctld, slurmd n1 and n2, on
-    ports of their own), started once for the session and stopped by pid at its end, with a check that none of
-    its daemons is left. ``SLURM_CONF`` points at it in os.environ meanwhile. Skips only where the Slurm or munge
-    binaries are absent (``make system-deps`` installs them)."""
+    ports of their own), started once for each test module that uses it and stopped by pid at the module's end,
+    with a check that none of its daemons is left. (Module scope, not session: its daemons are children of this
+    process, and the other modules' tests check that a launch leaves this process no child.) ``SLURM_CONF``
+    points at it in os.environ meanwhile. Skips only where the Slurm or munge binaries are absent (``make
+    system-deps`` installs them)."""
     from slurm_cluster import SlurmCluster, slurm_missing
 
     missing = slurm_missing()
