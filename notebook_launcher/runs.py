@@ -50,7 +50,9 @@ class Run:
     batch_sizes: dict = dataclasses.field(default_factory=dict)  # find_executable_batch_size: latest size per function
     oom_retries: list = dataclasses.field(default_factory=list)  # each restart after an out-of-memory error
     stuck_ranks: list = dataclasses.field(default_factory=list)  # a hang or timeout: the ranks that were waiting
-    stacks: dict = dataclasses.field(default_factory=dict)  # a hang or timeout: each rank's Python stacks (text)
+    # a hang or timeout: each rank's Python stacks, the user's frames (ours cut, cells named `cell In[N]`; the run log
+    # has them whole)
+    stacks: dict = dataclasses.field(default_factory=dict)
     panel_state: dict | None = None  # the run panel's final state (labextension/SCHEMA.md), when it was shown
     started_at: float = dataclasses.field(default_factory=time.time)
     duration: float = 0.0

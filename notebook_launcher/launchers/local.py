@@ -18,7 +18,7 @@ from ..rank.torch_names import missing as missing_private_names
 from ..runs import Run
 from ..schema.results import prepare as prepare_results
 from ..schema.status import RunStatus, StopReason
-from ..supervision.failure import failure_message, hang_message
+from ..supervision.failure import failure_message, hang_message, user_stacks
 from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
 from .attempts import RestartPolicy
@@ -106,7 +106,7 @@ def _hang_error(plan, run: Run, events: AttemptEvents, outcome: SupervisorOutcom
     message = hang_message(outcome.snapshot, tracker, outcome.stack_dump_seq, plan.timeout, run.run_dir,
                            outcome.stop_reason == StopReason.TIMEOUT)
     run.stuck_ranks = sorted(rank for rank, info in outcome.snapshot.items() if info.get("state") == "running")
-    run.stacks = {rank: "\n".join(tracker.stderr_since(rank, seq)) for rank, seq in outcome.stack_dump_seq.items()}
+    run.stacks = user_stacks(tracker, outcome.stack_dump_seq)
     if all(tracker.state(rank) == "starting" for rank in outcome.ranks):
         message = _rendezvous_note(plan) + "\n\n" + message
     return LaunchTimeoutError(message, run)

@@ -19,10 +19,11 @@ _DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 # The raw collectives checked in debug mode: (name of the tensor argument or None, what must agree)
 #   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
+#   "record": not checked, only recorded for the hang watch (point to point)
 # (names this torch lacks stay listed: the operation codes below must not depend on the torch version)
 RAW_COLLECTIVES = {
     "all_reduce": ("tensor", "shape"),
-    "all_gather": ("tensor", "dtype"),  # uneven sizes are allowed there
+    "all_gather": ("tensor", "dtype"),  # uneven sizes are allowed there, with NCCL (CPU tensors: "shape")
     "all_gather_into_tensor": ("input_tensor", "shape"),
     "all_gather_single": ("input_tensor", "shape"),
     "reduce_scatter_single": ("input", "shape"),
@@ -36,8 +37,19 @@ RAW_COLLECTIVES = {
     "all_gather_object": (None, "op"),
     "broadcast_object_list": ("object_list", "op"),
     "barrier": (None, "op"),
+    "all_gather_coalesced": ("input_tensor_list", "op"),
+    "all_reduce_coalesced": ("tensors", "op"),
+    "_all_gather_base": ("input_tensor", "shape"),
+    "_reduce_scatter_base": ("input", "shape"),
+    "all_to_all": ("input_tensor_list", "op"),
+    "gather_object": (None, "op"),
+    "scatter_object_list": ("scatter_object_output_list", "op"),
+    "monitored_barrier": (None, "op"),
+    # point to point: only two ranks take part, so nothing to agree on; recorded for the hang watch
+    "send": ("tensor", "record"),
+    "recv": ("tensor", "record"),
 }
-# Every checked collective's name; its index is the row's operation code. A new collective adds its name at the end.
+# Every checked collective's name; its index is the row's operation code (the same on every rank of a launch).
 OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES] + [
     f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
                                                  "reduce", "pad_across_processes")] + [

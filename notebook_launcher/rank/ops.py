@@ -18,8 +18,11 @@ know::
 
 In a launched worker (after ``install()``) the raw ``torch.distributed`` collectives are checked too (so
 Accelerate's own ops and library code are covered), and each collective records where the rank is (for hang
-diagnosis), debug mode or not; FSDP's are recorded as ``FSDP <collective>``. What the ranks compare, and the
-messages, live in ``agreement``; ``any_rank`` is the one collective other modules build on (``check_trigger``).
+diagnosis), debug mode or not; FSDP's are recorded as ``FSDP <collective>``. They are caught at the function
+object (``intercept``), so a name imported before the launch (``from torch.distributed import all_reduce``),
+``distributed_c10d.all_reduce``, a ``functools.partial`` of one and torch's own calls between them all
+count. What the ranks compare, and the messages, live in ``agreement``; ``any_rank`` is the one collective other
+modules build on (``check_trigger``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import inspect
 import os
 import sys
 import threading
+import types
 
 import torch
 import torch.distributed as dist
@@ -38,11 +42,13 @@ from ..schema.events import SHAPE_MISMATCH, TRUE_VALUES
 from . import context
 from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
 from .carry import can_finish_from_carried, finish_from_carried
+from .intercept import intercept, is_intercepted
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
-# the originals (before install() wraps them) of the raw collectives this torch has
-_raw = {name: getattr(dist, name) for name in RAW_COLLECTIVES if hasattr(dist, name)}
-_gather_flat = _raw.get("all_gather_single") or _raw["all_gather_into_tensor"]  # the newer name where it exists
+# the raw collectives this torch has; after install(), untouched copies of them (which our own ops call)
+_raw = {name: getattr(dist.distributed_c10d, name) for name in RAW_COLLECTIVES
+        if isinstance(getattr(dist.distributed_c10d, name, None), types.FunctionType)}
+_FLAT_GATHER = "all_gather_single" if "all_gather_single" in _raw else "all_gather_into_tensor"  # newer name first
 _state = threading.local()  # .inside: a collective is in progress on this thread (nested calls are not checked)
 
 
@@ -87,7 +93,7 @@ def gather(tensor):
             tensor = tensor[None]
         output = torch.empty((dist.get_world_size() * tensor.shape[0],) + tuple(tensor.shape[1:]),
                              dtype=tensor.dtype, device=tensor.device)
-        _gather_flat(output, tensor.contiguous())
+        _raw[_FLAT_GATHER](output, tensor.contiguous())
         return output
 
 
@@ -213,7 +219,7 @@ class _collective:
             name = self.operation.rsplit(".", 1)[-1]
             progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
         try:
-            if debug_mode_enabled():
+            if self.rule != "record" and debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
                                                carry=self.carry, detail=self.detail)
         except BaseException:
@@ -294,7 +300,7 @@ def _gather_rows(rows: Rows, device, group) -> None:
     gather = getattr(process_group, "all_gather_single", None) or getattr(process_group, "_allgather_base", None)
     coalescing = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_coalesce_state", None)
     if gather is None or _ALLGATHER_OPTIONS is None or coalescing is None or process_group in coalescing:
-        _gather_flat(rows.table.view(-1), mine, group=group)
+        _raw[_FLAT_GATHER](rows.table.view(-1), mine, group=group)
         return
     work = gather(rows.table.view(-1), mine, _ALLGATHER_OPTIONS)
     if work is not None:
@@ -363,12 +369,16 @@ _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
 # -- the raw collectives in a worker -----------------------------------------------------------------------------
 def install() -> None:
     """In a launched worker: torch.distributed's collectives record where the rank is (``context.current``'s
-    progress) and, in debug mode, check agreement first, a mismatch going to its writer as an event."""
-    for name, original in _raw.items():
-        setattr(dist, name, _wrapped(name, original, *RAW_COLLECTIVES[name]))
+    progress) and, in debug mode, check agreement first, a mismatch going to its writer as an event. Each is
+    caught at its function object, however the code reaches it; our own ops call the untouched copies."""
+    for name, function in list(_raw.items()):
+        if not is_intercepted(function):
+            _raw[name] = intercept(function, functools.partial(_wrapped, name, argument=RAW_COLLECTIVES[name][0],
+                                                               rule=RAW_COLLECTIVES[name][1]))
 
 
 def _wrapped(name: str, original, argument: str | None, rule: str):
+    """The hook ``intercept`` calls instead of collective ``name`` (``original``: the untouched copy)."""
     parameters = inspect.signature(original)
     names = [p.name for p in parameters.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
     plain = len(names) == len(parameters.parameters)  # then arguments map to names without inspect's binding
@@ -387,6 +397,8 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
         subject = bound.get(argument) if argument else None
         if name == "all_to_all_single" and (bound.get("input_split_sizes") or bound.get("output_split_sizes")):
             rule_here = "dtype"  # uneven splits: shapes may differ by design
+        elif name == "all_gather" and isinstance(subject, torch.Tensor) and subject.device.type != "cuda":
+            rule_here = "shape"  # uneven sizes are NCCL's alone: gloo aborts the process on them
         else:
             rule_here = rule
         carry = can_finish_from_carried(name, bound, subject, group)

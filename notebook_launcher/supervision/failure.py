@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..schema.events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
 from ..schema.lines import StreamLines
-from .stacks import cell_names, user_stack
+from .stacks import cell_names, innermost_user_frame, torch_place, user_stack
 
 _LOST_PEER = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -192,12 +192,17 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracke
 
 def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq: dict[int, int],
                  timeout: float | None, run_dir: str, timed_out: bool = False) -> str:
-    """Which rank diverged, then where every rank was: its collective (name, number, call site, how long) or
-    that it had finished, and its Python stacks (the user's frames: ``stacks.user_stack``; cells named as
-    IPython names them). ``timed_out``: the whole run went past ``timeout``."""
+    """Which rank diverged, then where every rank was: its collective (name, number, call site, how long), the
+    collective of torch's own its stack shows it in (DDP's reducer, FSDP, ...: ``stacks.torch_place``), or that
+    it had finished, and its Python stacks (the user's frames: ``stacks.user_stack``; cells named as IPython
+    names them). ``timed_out``: the whole run went past ``timeout``."""
     lines = [f"The run did not finish within timeout={timeout:g} s, so every rank was stopped."] if timed_out else []
+    dumps = {rank: tracker.stderr_since(rank, stack_dump_seq[rank]) for rank, info in hang.items()
+             if info.get("state") == "running" and rank in stack_dump_seq}
+    in_torch = {rank: torch_place(dump) for rank, dump in dumps.items() if not hang[rank].get("inside")}
+    in_torch = {rank: label for rank, label in in_torch.items() if label}
     waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")
-               and (not timed_out or info["now"] - info["since"] >= LONG_WAIT_S)}
+               and (not timed_out or info["now"] - info["since"] >= LONG_WAIT_S) or rank in in_torch}
     others = {rank: info for rank, info in hang.items() if rank not in waiting}
     if others:
         culprits = ", ".join(f"rank {rank} {_place(info)}" for rank, info in sorted(others.items()))
@@ -207,27 +212,34 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
     else:
         groups: dict[tuple, list[int]] = {}
         for rank, info in hang.items():
-            groups.setdefault((info.get("operation"), info.get("sequence")), []).append(rank)
+            key = ((in_torch[rank].split(" (")[0], None) if rank in in_torch
+                   else (info.get("operation"), info.get("sequence")))
+            groups.setdefault(key, []).append(rank)
         if len(groups) > 1:
-            odd = min(groups.values(), key=len)
-            headline = (f"The ranks stopped making progress: they wait in different collectives ({_ranks(odd)} "
-                        f"diverged from the others).")
+            said = ", ".join(f"{_ranks(ranks)} in {where if number is None else f'{where} #{number}'}"
+                             for (where, number), ranks in sorted(groups.items(), key=lambda item: item[1]))
+            headline = f"The ranks stopped making progress: they wait in different collectives ({said})."
         else:
             headline = "The ranks stopped making progress: every rank waits in the same collective."
     if waiting:  # a timeout with nobody stuck in a collective is just a long run: no verdict
         lines.append(headline)
     for rank in sorted(hang):
-        lines += ["", f"rank {rank}: {_place(hang[rank])}"]
-        waiting_or_busy = hang[rank].get("state") == "running"
-        dump = tracker.stderr_since(rank, stack_dump_seq[rank]) if waiting_or_busy and rank in stack_dump_seq else []
-        stack = user_stack(dump)
+        lines += ["", f"rank {rank}: {_place(hang[rank], in_torch.get(rank, ''), dumps.get(rank, []))}"]
+        stack = user_stack(dumps.get(rank, []))
         if stack:
             lines += [f"  Python stacks of rank {rank}:"] + [f"    {text}" for text in stack.splitlines()]
     lines += ["", f"Run log: {run_dir}"]
     return cell_names("\n".join(lines))
 
 
-def _place(info: dict) -> str:
+def user_stacks(tracker: FailureTracker, stack_dump_seq: dict[int, int]) -> dict[int, str]:
+    """rank -> its stacks as a user reads them (``Run.stacks``, the panel's cards): the user's frames, one line
+    saying how many of ours were cut, cells named ``cell In[N]``; the run log keeps every dump whole."""
+    stacks = {rank: cell_names(user_stack(tracker.stderr_since(rank, seq))) for rank, seq in stack_dump_seq.items()}
+    return {rank: stack for rank, stack in stacks.items() if stack}
+
+
+def _place(info: dict, in_torch: str = "", dump: list[str] = ()) -> str:
     last = f"{info.get('operation')} #{info.get('sequence')} at {info.get('call_site')}" if info.get("sequence") \
         else "no collective yet"
     if info.get("state") == "finished":
@@ -236,6 +248,8 @@ def _place(info: dict) -> str:
         return f"had exited (last collective: {last})"
     if info.get("inside"):
         return f"waiting {info['now'] - info['since']:.1f} s in {last}"
+    if in_torch:
+        return f"in {in_torch} at {innermost_user_frame(list(dump)) or '?'} (last collective: {last})"
     return f"is not in any collective: busy or stuck in its own code (last collective: {last})"
 
 

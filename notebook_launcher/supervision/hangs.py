@@ -14,7 +14,7 @@ import time
 from ..schema.events import PROGRESS, STATUS, STREAM
 from ..schema.lines import expand_lines
 from ..schema.progress_record import ProgressRecord
-from .stacks import cell_names, innermost_user_frame, user_stack
+from .stacks import cell_names, innermost_user_frame, torch_place, user_stack
 
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
 
@@ -148,14 +148,16 @@ def notice(records: dict[int, dict], states: dict[int, str], dumps: dict[int, li
            now: float, timeout: float | None) -> dict:
     """The data of an open ``hang_notice``: each rank's place, the rank that diverged, the user's stacks, and
     the block of text the text display prints."""
-    ranks, stacks = {}, {}
+    ranks, stacks, inside_torch = {}, {}, {}
     for rank in sorted(states):
         record, lines = records.get(rank, {}), dumps.get(rank, [])
-        ranks[str(rank)] = _rank_place(record, states[rank], lines, now)
+        if states[rank] == "running" and not record.get("inside"):
+            inside_torch[rank] = torch_place(lines)
+        ranks[str(rank)] = _rank_place(record, states[rank], lines, now, inside_torch.get(rank, ""))
         stack = cell_names(user_stack(lines)) if states[rank] == "running" else ""
         if stack:
             stacks[str(rank)] = stack
-    diverged, why = _diverged(records, states)
+    diverged, why = _diverged(records, states, inside_torch)
     text = [f"possible hang: no rank has made progress for {quiet:.0f} s"]
     text += [f"  rank {rank}: {place['text']}" for rank, place in ranks.items()]
     if why:
@@ -169,8 +171,9 @@ def notice(records: dict[int, dict], states: dict[int, str], dumps: dict[int, li
             "text": "\n".join(text)}
 
 
-def _rank_place(record: dict, state: str, lines: list[str], now: float) -> dict:
-    """{"state", "text"}: where one rank is, as one line of the notice."""
+def _rank_place(record: dict, state: str, lines: list[str], now: float, in_torch: str = "") -> dict:
+    """{"state", "text"}: where one rank is, as one line of the notice. ``in_torch``: where its stack shows it
+    in torch's own distributed code (``stacks.torch_place``), when its record shows no collective."""
     if state in ("finished", "exited"):
         return {"state": state, "text": state}
     operation, site = record.get("operation", ""), cell_names(record.get("call_site", "") or "?")
@@ -182,17 +185,30 @@ def _rank_place(record: dict, state: str, lines: list[str], now: float) -> dict:
         text = f"waiting {waited:.0f} s in {operation} #{record.get('sequence')} at {site}"
         return {"state": "waiting", "text": text}
     where = innermost_user_frame(lines)
+    if in_torch:
+        return {"state": "in_ddp" if in_torch.startswith("DDP") else "waiting",
+                "text": f"in {in_torch} at {cell_names(where) or '?'}"}
     return {"state": "busy", "text": f"busy in its own code at {cell_names(where)}" if where else
             "busy in its own code (its Python stack did not come back)"}
 
 
-def _diverged(records: dict[int, dict], states: dict[int, str]) -> tuple[int | None, str]:
-    """The one rank not in the collective that every other rank waits in, and a line saying so."""
+def _diverged(records: dict[int, dict], states: dict[int, str], inside_torch: dict[int, str]) -> tuple[int | None, str]:
+    """The one rank apart from the others (not in the collective every other rank waits in), and a line
+    saying so; or, when ranks wait in different collectives (torch's own included), a line naming each."""
     groups: dict[tuple, list[int]] = {}
     for rank, state in states.items():
         record = records.get(rank, {})
         if state == "running" and record.get("inside"):
             groups.setdefault((record.get("operation"), record.get("sequence")), []).append(rank)
+        elif state == "running" and inside_torch.get(rank):
+            groups.setdefault((_short(inside_torch[rank]), None), []).append(rank)
+    if len(groups) > 1:
+        places = sorted((ranks, operation if sequence is None else f"{operation} #{sequence}")
+                        for (operation, sequence), ranks in groups.items())
+        apart = [ranks for ranks, _ in places if len(ranks) == 1]
+        rank = apart[0][0] if len(apart) == 1 and len(states) > 2 else None
+        said = ", ".join(f"{_ranks_text(ranks)} in {where}" for ranks, where in places)
+        return rank, f"ranks wait in different collectives: {said}."
     if len(groups) != 1:
         return None, ""
     (operation, sequence), waiting = next(iter(groups.items()))
@@ -203,8 +219,16 @@ def _diverged(records: dict[int, dict], states: dict[int, str]) -> tuple[int | N
     record = records.get(rank, {})
     if states[rank] != "running":
         what = f"it has {states[rank]}"
-    elif record.get("inside"):
-        what = f"it is in {record.get('operation')} #{record.get('sequence')}"
     else:
         what = "it is in its own code"
-    return rank, f"rank {rank} diverged: the other ranks wait in {operation} #{sequence}; {what}."
+    place = operation if sequence is None else f"{operation} #{sequence}"
+    return rank, f"rank {rank} diverged: the other ranks wait in {place}; {what}."
+
+
+def _short(in_torch: str) -> str:
+    """"DDP's forward (a collective of DDP's reducer)" -> "DDP's forward": the name alone, for one line."""
+    return in_torch.split(" (", 1)[0]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(rank) for rank in ranks)

@@ -73,13 +73,62 @@ def user_stack(lines: list[str]) -> str:
 def innermost_user_frame(lines: list[str]) -> str:
     """``file:line in function`` of the innermost frame of the user's own code in the thread that runs the
     user's function (not notebook_launcher, torch, Accelerate, Lightning or the standard library); "" if none."""
+    for file, line, function in _main_frames(lines):
+        if _is_users(file):
+            return f"{file}:{line} in {function}"
+    return ""
+
+
+# torch's own collectives a rank can wait in without its progress record knowing (C++ collectives of DDP's
+# reducer, FSDP's, torch.distributed's internals), found from the innermost frames of its stack: (the path part
+# of a library file, a name for it, what its functions are called in the message), in order of precedence
+_DDP_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
+_DDP_FORWARD = {"forward", "_pre_forward", "_run_ddp_forward", "_post_forward", "_rebuild_buckets",
+                "_check_global_requires_backward_grad_sync", "_check_and_sync_module_buffers"}
+_DDP_BUFFERS = {"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
+                "_distributed_broadcast_coalesced"}
+_TORCH_PLACES = (
+    (os.path.join("torch", "distributed", "fsdp") + os.sep, "FSDP's {function}"),
+    (os.path.join("torch", "distributed", "_composable", "fsdp") + os.sep, "FSDP's {function}"),
+    (os.path.join("torch", "distributed") + os.sep, "torch.distributed's {function}"),
+    (f"{os.sep}accelerate{os.sep}", "Accelerate's {function}"),
+    (f"{os.sep}lightning{os.sep}", "Lightning's {function}"),
+)
+
+
+def _main_frames(lines: list[str]) -> list[tuple[str, str, str]]:
+    """The frames (innermost first, ours cut) of the thread that runs the user's function (else the first)."""
     threads = _threads(lines)
     main = [frames for _, frames in threads if any((f[0], f[2]) == _ENTRY for f in frames)]
-    for frames in main or [frames for _, frames in threads[:1]]:
-        for file, line, function in _users_frames(frames)[0]:
-            if not (file.startswith(_NOT_USER) or any(part in file for part in _LIBRARIES)
-                    or file.startswith("<frozen")):
-                return f"{file}:{line} in {function}"
+    chosen = main[0] if main else threads[0][1] if threads else []
+    return _users_frames(chosen)[0]
+
+
+def _is_users(file: str) -> bool:
+    return not (file.startswith(_NOT_USER) or any(part in file for part in _LIBRARIES) or file.startswith("<frozen"))
+
+
+def torch_place(lines: list[str]) -> str:
+    """Where a rank that is in no collective of its progress record waits inside torch's distributed code,
+    from its stack dump: "DDP's forward (a collective of DDP's reducer)", "FSDP's _pre_forward",
+    "torch.distributed's new_group", "Accelerate's gather"; "" when its innermost frames are the user's own
+    (or any code that is not distributed): a rank busy in its own code is never given such a label."""
+    inner = []
+    for frame in _main_frames(lines):
+        if _is_users(frame[0]):
+            break  # the user's frame: only what it calls counts
+        inner.append(frame)
+    ddp = [function for file, _, function in inner if file.endswith(_DDP_FILE)]
+    if ddp:
+        if _DDP_FORWARD & set(ddp):
+            return "DDP's forward (a collective of DDP's reducer)"
+        if _DDP_BUFFERS & set(ddp):
+            return "DDP's buffer broadcast"
+        return f"DDP's {ddp[-1]} (a collective of DDP's)"
+    for part, label in _TORCH_PLACES:
+        functions = [function for file, _, function in inner if part in file]
+        if functions:
+            return label.format(function=functions[-1])  # the outermost: what the user's code called
     return ""
 
 
