@@ -115,3 +115,46 @@ def test_a_live_hang_notice_is_a_card_on_top_with_rank_badges_and_it_clears_when
     assert _texts(page, '.nl-run .nl-rank .nl-rank-status') == ["running", "running"]
     assert stack.locator("pre").is_visible()  # the toggle the user opened stayed open
     screenshot(page, "hang-card-cleared.png", ".nl-run")
+
+
+UNEVEN_DDP_CELLS = ['''\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from notebook_launcher import LaunchTimeoutError, notebook_launcher
+''', '''\
+def uneven_batches():
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    for _ in range(5 if dist.get_rank() == 0 else 3):
+        model(torch.ones(8, 4)).sum().backward()
+    dist.barrier()
+''', '''\
+try:
+    notebook_launcher(uneven_batches, num_processes=2, device="cpu", timeout=20, hang_warning=None)
+except LaunchTimeoutError:
+    print("timed out as expected")
+''']
+
+
+def test_the_timeout_card_of_a_ddp_hang_shows_only_the_users_frames_with_the_cell_named(lab):
+    """A real launch in the notebook: DDP with uneven batches (rank 0 in DDP's gradient all_reduce, rank 1 in
+    barrier) until timeout= stops it. The card's per-rank stacks hold the user's frames and torch's, never ours,
+    IPython's, ipykernel's or asyncio's, and the cell is named as IPython names it."""
+    root, url, browser = lab
+    notebook = new_notebook(cells=[new_code_cell(code) for code in UNEVEN_DDP_CELLS], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(notebook, str(root / "uneven.ipynb"))
+    page = open_notebook(browser, url, "uneven.ipynb")
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.wait_for_selector(".nl-run .nl-stack .nl-stack-text", timeout=120_000)
+    page.wait_for_selector("text=timed out as expected", timeout=60_000)
+    stacks = _texts(page, ".nl-run .nl-stack .nl-stack-text")
+    assert len(stacks) == 2, stacks
+    for stack in stacks:
+        assert "notebook_launcher" not in stack.replace("frames of notebook_launcher's own", ""), stack
+        for machinery in ("IPython", "ipykernel", "asyncio", "/tmp/ipykernel_", "tornado"):
+            assert machinery not in stack, stack
+        assert "cell In[2], line" in stack, stack  # uneven_batches, defined in the second cell
+        assert "frames of notebook_launcher's own below these are not shown" in stack, stack
+    assert any("in barrier" in stack for stack in stacks)
+    screenshot(page, "timeout-card-ddp.png", ".nl-run")
