@@ -25,11 +25,10 @@ import contextlib
 import io
 import os
 import statistics
-import time
 
 import torch
-import torch.distributed as dist
 from common import HERE, table, write_json
+from debug_overhead import _block  # µs per call of a block, the ranks in step
 from torch.distributed import all_reduce  # bound before the launch, as in a notebook cell
 
 from notebook_launcher import last_run, notebook_launcher
@@ -37,15 +36,6 @@ from notebook_launcher import last_run, notebook_launcher
 RESULTS = os.path.join(HERE, "results", "collective_hooks.json")
 WAYS = ("bare", "attribute", "function")
 CALLS = 300
-
-
-def _block(call, calls: int) -> float:
-    dist.barrier()
-    started = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - started
-    return elapsed / calls * 1e6
 
 
 def worker(sizes, reps):
