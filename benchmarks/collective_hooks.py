@@ -63,6 +63,29 @@ def worker(sizes, reps):
     return samples
 
 
+def trampoline_alone(reps: int) -> dict:
+    """ns per call of a hook that returns at once, called directly (as the attribute hooks were) and through an
+    intercepted function's trampoline, in this process (no collective: the trampoline's own cost, which the
+    collectives' µs above hide in their noise). Blocks of 200,000 calls, alternating."""
+    import timeit
+
+    from notebook_launcher.rank import intercept
+
+    def collective(tensor, op=None, group=None, async_op=False):  # the shape of torch's all_reduce
+        return None
+
+    def hook(*args, **kwargs):
+        return None
+
+    intercept.intercept(collective, lambda original: hook)
+    tensor, calls, blocks = torch.ones(1), 200_000, {"attribute": [], "function": []}
+    for rep in range(reps):
+        for way in (("attribute", "function") if rep % 2 == 0 else ("function", "attribute")):
+            call = hook if way == "attribute" else collective
+            blocks[way].append(timeit.timeit(lambda: call(tensor), number=calls) / calls * 1e9)
+    return blocks
+
+
 def spread(values) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -90,8 +113,13 @@ def main() -> None:
           f"{CALLS}, rank 0)")
     print(table(["case", "bare", "attribute (before)", "function (now)", "function/attribute", "function/bare"],
                 rows))
+    alone = trampoline_alone(options.reps)
+    extra = statistics.median(alone["function"]) - statistics.median(alone["attribute"])
+    print(f"\nthe call alone, ns (median (min-max) of {options.reps} blocks of 200,000, this process): hook called "
+          f"directly {spread(alone['attribute'])}, through the trampoline {spread(alone['function'])}: "
+          f"{extra:.0f} ns more a call")
     print(f"load average at start {load_at_start[0]:.2f}, at end {load_at_end[0]:.2f}")
-    write_json(RESULTS, {"samples": samples, "ratios": ratios, "load_at_start": load_at_start,
+    write_json(RESULTS, {"samples": samples, "trampoline_alone_ns": alone, "ratios": ratios, "load_at_start": load_at_start,
                          "load_at_end": load_at_end, "options": vars(options)})
     print(f"wrote {RESULTS}")
 
