@@ -154,22 +154,65 @@ TORCH = "/venv/lib/python3.11/site-packages/torch/"
 
 def test_torch_place_names_torchs_code_and_never_the_users():
     user = ("/home/me/train.py", 31, "train")
-    ddp = _dump((f"{TORCH}nn/parallel/distributed.py", 1500, "_pre_forward"),
-                (f"{TORCH}nn/parallel/distributed.py", 1650, "forward"),
-                (f"{TORCH}nn/modules/module.py", 1700, "_call_impl"), user)
+    module_call = (f"{TORCH}nn/modules/module.py", 1700, "_call_impl")
+    ddp_forward = (f"{TORCH}nn/parallel/distributed.py", 1650, "forward")
+    ddp = _dump((f"{TORCH}nn/parallel/distributed.py", 1500, "_pre_forward"), ddp_forward, module_call, user)
     assert torch_place(ddp) == "DDP's forward (a collective of DDP's reducer)"
+    buffers = _dump((f"{TORCH}nn/parallel/distributed.py", 1900, "_sync_buffers"),
+                    (f"{TORCH}nn/parallel/distributed.py", 1500, "_pre_forward"), ddp_forward, module_call, user)
+    assert torch_place(buffers) == "DDP's buffer broadcast"
     fsdp = _dump((f"{TORCH}distributed/utils.py", 10, "_alloc_storage"),
                  (f"{TORCH}distributed/fsdp/_runtime_utils.py", 400, "_pre_forward"), user)
     assert torch_place(fsdp) == "FSDP's _pre_forward"
-    new_group = _dump((f"{TORCH}distributed/distributed_c10d.py", 10, "_store_based_barrier"),
-                      (f"{TORCH}distributed/distributed_c10d.py", 20, "new_group"), user)
+    new_group = _dump((f"{TORCH}distributed/distributed_c10d.py", 10, "_new_process_group_helper"),
+                      (f"{TORCH}distributed/distributed_c10d.py", 20, "new_group"),
+                      (f"{TORCH}distributed/c10d_logger.py", 83, "wrapper"), user)
     assert torch_place(new_group) == "torch.distributed's new_group"
-    # the user's model code runs inside DDP's forward: busy in its own code, not "in DDP"
-    inside_model = _dump(("/home/me/model.py", 9, "forward"), (f"{TORCH}nn/modules/module.py", 1700, "_call_impl"),
-                         (f"{TORCH}nn/parallel/distributed.py", 1650, "forward"), user)
-    assert torch_place(inside_model) == ""
-    computing = _dump((f"{TORCH}nn/modules/linear.py", 125, "forward"), user)  # torch, but not distributed
-    assert torch_place(computing) == "" and torch_place([]) == ""
+    # computing, whatever is around it: never a collective
+    computing = {
+        "the user's model inside DDP's forward": [("/home/me/model.py", 9, "forward"), module_call, ddp_forward],
+        "torch's Linear inside DDP's forward": [(f"{TORCH}nn/modules/linear.py", 125, "forward"), module_call,
+                                                 ddp_forward],
+        "a library's model inside DDP's forward": [
+            ("/venv/lib/python3.11/site-packages/transformers/models/gpt2/modeling_gpt2.py", 700, "forward"),
+            module_call, ddp_forward],
+        "torch compute inside FSDP's forward": [(f"{TORCH}nn/modules/activation.py", 1200, "forward"), module_call,
+                                                 (f"{TORCH}distributed/fsdp/fully_sharded_data_parallel.py", 850,
+                                                  "forward")],
+        "autograd under Accelerate's backward": [(f"{TORCH}autograd/graph.py", 800, "_engine_run_backward"),
+                                                  ("/venv/lib/python3.11/site-packages/accelerate/accelerator.py",
+                                                   2700, "backward")],
+        "a data loader under Accelerate's": [(f"{TORCH}utils/data/dataloader.py", 700, "__next__"),
+                                             ("/venv/lib/python3.11/site-packages/accelerate/data_loader.py", 560,
+                                              "__iter__")],
+        "torch compute, nothing distributed": [(f"{TORCH}nn/modules/linear.py", 125, "forward")],
+    }
+    for what, frames in computing.items():
+        assert torch_place(_dump(*frames, user)) == "", what
+    assert torch_place([]) == ""
+
+
+def test_at_a_timeout_a_place_from_the_stack_alone_is_no_verdict():
+    """Two DDP ranks caught at timeout= in DDP's forward (a stack says where, not for how long): a long run,
+    not a hang; beside a rank that has waited long in a recorded collective, it is one."""
+    from notebook_launcher.schema.events import STREAM, Event
+    from notebook_launcher.supervision.failure import FailureTracker, hang_message
+
+    dump = _dump((f"{TORCH}nn/parallel/distributed.py", 1500, "_pre_forward"),
+                 (f"{TORCH}nn/parallel/distributed.py", 1650, "forward"), ("/home/me/train.py", 31, "train"))
+    tracker = FailureTracker()
+    for rank in (0, 1):
+        for seq, line in enumerate(dump, start=10):
+            tracker.observe(Event(rank, seq, 1.0, STREAM, {"stream": "stderr", "text": line}))
+    running = {"state": "running", "inside": False, "operation": "all_reduce", "sequence": 3, "call_site": "x:1",
+               "now": 100.0, "since": 0.0}
+    message = hang_message({0: dict(running), 1: dict(running)}, tracker, {0: 9, 1: 9}, 100, "/runs/x",
+                           timed_out=True)
+    assert "stopped making progress" not in message, message
+    assert "rank 0: in DDP's forward (a collective of DDP's reducer) at /home/me/train.py:31 in train" in message
+    waiting = {**running, "inside": True, "operation": "barrier", "sequence": 4, "since": 90.0}
+    message = hang_message({0: dict(running), 1: waiting}, tracker, {0: 9, 1: 9}, 100, "/runs/x", timed_out=True)
+    assert "they wait in different collectives (rank 0 in DDP's forward, rank 1 in barrier #4)" in message
 
 
 def busy_in_python_while_the_other_waits():

@@ -19,11 +19,10 @@ _DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 # The raw collectives checked in debug mode: (name of the tensor argument or None, what must agree)
 #   "shape": op, dtype and shape    "dtype": op and dtype    "op": the operation (and a list's length) only
-#   "record": not checked, only recorded for the hang watch (point to point)
 # (names this torch lacks stay listed: the operation codes below must not depend on the torch version)
 RAW_COLLECTIVES = {
     "all_reduce": ("tensor", "shape"),
-    "all_gather": ("tensor", "dtype"),  # uneven sizes are allowed there, with NCCL (CPU tensors: "shape")
+    "all_gather": ("tensor", "dtype"),  # uneven sizes are allowed there, not on gloo (CPU tensors: "shape")
     "all_gather_into_tensor": ("input_tensor", "shape"),
     "all_gather_single": ("input_tensor", "shape"),
     "reduce_scatter_single": ("input", "shape"),
@@ -45,15 +44,16 @@ RAW_COLLECTIVES = {
     "gather_object": (None, "op"),
     "scatter_object_list": ("scatter_object_output_list", "op"),
     "monitored_barrier": (None, "op"),
-    # point to point: only two ranks take part, so nothing to agree on; recorded for the hang watch
-    "send": ("tensor", "record"),
-    "recv": ("tensor", "record"),
 }
-# Every checked collective's name; its index is the row's operation code (the same on every rank of a launch).
-OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES] + [
+# those added after ops' own names and check_trigger: their codes come after them (below)
+_ADDED_LATER = ("all_gather_coalesced", "all_reduce_coalesced", "_all_gather_base", "_reduce_scatter_base",
+                "all_to_all", "gather_object", "scatter_object_list", "monitored_barrier")
+# Every checked collective's name; its index is the row's operation code. A new collective adds its name at the
+# end, so that codes stay what they were (hosts with different versions of the package still agree).
+OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES if name not in _ADDED_LATER] + [
     f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
                                                  "reduce", "pad_across_processes")] + [
-    "notebook_launcher.check_trigger"]
+    "notebook_launcher.check_trigger"] + [f"torch.distributed.{name}" for name in _ADDED_LATER]
 _CODES = {name: code for code, name in enumerate(OPERATIONS)}
 
 

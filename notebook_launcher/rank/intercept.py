@@ -6,17 +6,18 @@ the launch, ``distributed_c10d.all_gather`` called directly, torch's own object 
 ``torch.distributed.all_reduce`` (what the hooks did before) misses them. Here the function object itself is
 changed, in the rank's process only: its code becomes a trampoline that calls a hook (kept in the function's
 ``__kwdefaults__``, under a keyword no caller passes), and an untouched copy of the function is what the hook
-calls. Name, ``__wrapped__``, signature, module and identity stay as they were, so ``inspect``, pickling and
+calls. Name, ``__wrapped__``, ``inspect.signature``, module and identity stay as they were, so pickling and
 ``is`` comparisons see nothing new.
 
-One extra Python call per collective (the trampoline): about 0.1 µs, beside a collective's tens of µs
-(``benchmarks/debug_overhead.py`` compares it with the attribute hooks).
+One extra Python call per collective (the trampoline): about 0.1 µs, beside a collective's hundreds of µs on
+gloo (``benchmarks/collective_hooks.py`` compares it with the attribute hooks and with no hook).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
 import types
 from collections.abc import Callable
 
@@ -66,14 +67,18 @@ def intercept(function: types.FunctionType, make_hook: Callable[[Callable], Call
     if is_intercepted(function):
         raise RuntimeError(f"{function.__qualname__} is intercepted already")
     original = copy_of(function)
-    if "__signature__" not in function.__dict__ and "__wrapped__" not in function.__dict__:
-        function.__signature__ = inspect.signature(original)  # (with __wrapped__, inspect follows that)
+    had_signature = "__signature__" in function.__dict__
+    function.__signature__ = inspect.signature(original)
     hook = make_hook(original)
-    # named as the function, in this file: a stack shows `all_reduce`, and counts the frame as ours
-    function.__code__ = _trampoline(len(function.__code__.co_freevars)).replace(
-        co_name=function.__name__, co_qualname=function.__qualname__, co_filename=_THIS_FILE)
+    # named as the function, in this file (near _trampoline): a stack shows `all_reduce` and counts it as ours
+    names = {"co_name": function.__name__, "co_filename": _THIS_FILE,
+             "co_firstlineno": _trampoline.__code__.co_firstlineno}
+    if sys.version_info >= (3, 11):
+        names["co_qualname"] = function.__qualname__
+    function.__code__ = _trampoline(len(function.__code__.co_freevars)).replace(**names)
     function.__kwdefaults__ = {HOOK_KEYWORD: hook}
     function.__dict__["_notebook_launcher_original_"] = original
+    function.__dict__["_notebook_launcher_had_signature_"] = had_signature
     return original
 
 
@@ -84,5 +89,5 @@ def restore(function: types.FunctionType) -> None:
         return
     function.__code__ = original.__code__
     function.__kwdefaults__ = original.__kwdefaults__
-    if "__signature__" not in original.__dict__:
+    if not function.__dict__.pop("_notebook_launcher_had_signature_", False):
         function.__dict__.pop("__signature__", None)

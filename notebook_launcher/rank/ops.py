@@ -219,7 +219,7 @@ class _collective:
             name = self.operation.rsplit(".", 1)[-1]
             progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
         try:
-            if self.rule != "record" and debug_mode_enabled():
+            if debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
                                                carry=self.carry, detail=self.detail)
         except BaseException:
@@ -372,7 +372,7 @@ def install() -> None:
     progress) and, in debug mode, check agreement first, a mismatch going to its writer as an event. Each is
     caught at its function object, however the code reaches it; our own ops call the untouched copies."""
     for name, function in list(_raw.items()):
-        if not is_intercepted(function):
+        if not is_intercepted(getattr(dist.distributed_c10d, name)):  # (_raw holds the copies once installed)
             _raw[name] = intercept(function, functools.partial(_wrapped, name, argument=RAW_COLLECTIVES[name][0],
                                                                rule=RAW_COLLECTIVES[name][1]))
 
@@ -397,8 +397,8 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
         subject = bound.get(argument) if argument else None
         if name == "all_to_all_single" and (bound.get("input_split_sizes") or bound.get("output_split_sizes")):
             rule_here = "dtype"  # uneven splits: shapes may differ by design
-        elif name == "all_gather" and isinstance(subject, torch.Tensor) and subject.device.type != "cuda":
-            rule_here = "shape"  # uneven sizes are NCCL's alone: gloo aborts the process on them
+        elif name == "all_gather" and isinstance(subject, torch.Tensor) and subject.device.type == "cpu":
+            rule_here = "shape"  # uneven sizes are for NCCL and the like: gloo aborts the process on them
         else:
             rule_here = rule
         carry = can_finish_from_carried(name, bound, subject, group)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..schema.events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
 from ..schema.lines import StreamLines
-from .stacks import cell_names, innermost_user_frame, torch_place, user_stack
+from .stacks import cell_names, innermost_user_frame, short_place, torch_place, user_stack
 
 _LOST_PEER = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -202,7 +202,9 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
     in_torch = {rank: torch_place(dump) for rank, dump in dumps.items() if not hang[rank].get("inside")}
     in_torch = {rank: label for rank, label in in_torch.items() if label}
     waiting = {rank: info for rank, info in hang.items() if info.get("state") == "running" and info.get("inside")
-               and (not timed_out or info["now"] - info["since"] >= LONG_WAIT_S) or rank in in_torch}
+               and (not timed_out or info["now"] - info["since"] >= LONG_WAIT_S)}
+    if waiting or not timed_out:  # (at a timeout, torch's own places count only beside a rank that waits long:
+        waiting.update({rank: hang[rank] for rank in in_torch})  # a stack alone says nothing of how long)
     others = {rank: info for rank, info in hang.items() if rank not in waiting}
     if others:
         culprits = ", ".join(f"rank {rank} {_place(info)}" for rank, info in sorted(others.items()))
@@ -212,8 +214,8 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
     else:
         groups: dict[tuple, list[int]] = {}
         for rank, info in hang.items():
-            key = ((in_torch[rank].split(" (")[0], None) if rank in in_torch
-                   else (info.get("operation"), info.get("sequence")))
+            key = (short_place(in_torch[rank]), None) if rank in in_torch else (info.get("operation"),
+                                                                                  info.get("sequence"))
             groups.setdefault(key, []).append(rank)
         if len(groups) > 1:
             said = ", ".join(f"{_ranks(ranks)} in {where if number is None else f'{where} #{number}'}"

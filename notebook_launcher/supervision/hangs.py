@@ -14,7 +14,7 @@ import time
 from ..schema.events import PROGRESS, STATUS, STREAM
 from ..schema.lines import expand_lines
 from ..schema.progress_record import ProgressRecord
-from .stacks import cell_names, innermost_user_frame, torch_place, user_stack
+from .stacks import cell_names, innermost_user_frame, short_place, torch_place, user_stack
 
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
 
@@ -201,12 +201,13 @@ def _diverged(records: dict[int, dict], states: dict[int, str], inside_torch: di
         if state == "running" and record.get("inside"):
             groups.setdefault((record.get("operation"), record.get("sequence")), []).append(rank)
         elif state == "running" and inside_torch.get(rank):
-            groups.setdefault((_short(inside_torch[rank]), None), []).append(rank)
+            groups.setdefault((short_place(inside_torch[rank]), None), []).append(rank)
     if len(groups) > 1:
         places = sorted((ranks, operation if sequence is None else f"{operation} #{sequence}")
                         for (operation, sequence), ranks in groups.items())
         apart = [ranks for ranks, _ in places if len(ranks) == 1]
-        rank = apart[0][0] if len(apart) == 1 and len(states) > 2 else None
+        everyone_waits = sum(len(ranks) for ranks, _ in places) == len(states)
+        rank = apart[0][0] if len(apart) == 1 and len(places) == 2 and everyone_waits and len(states) > 2 else None
         said = ", ".join(f"{_ranks_text(ranks)} in {where}" for ranks, where in places)
         return rank, f"ranks wait in different collectives: {said}."
     if len(groups) != 1:
@@ -216,18 +217,9 @@ def _diverged(records: dict[int, dict], states: dict[int, str], inside_torch: di
     if len(others) != 1:
         return None, ""
     rank = others[0]
-    record = records.get(rank, {})
-    if states[rank] != "running":
-        what = f"it has {states[rank]}"
-    else:
-        what = "it is in its own code"
+    what = f"it has {states[rank]}" if states[rank] != "running" else "it is in its own code"
     place = operation if sequence is None else f"{operation} #{sequence}"
     return rank, f"rank {rank} diverged: the other ranks wait in {place}; {what}."
-
-
-def _short(in_torch: str) -> str:
-    """"DDP's forward (a collective of DDP's reducer)" -> "DDP's forward": the name alone, for one line."""
-    return in_torch.split(" (", 1)[0]
 
 
 def _ranks_text(ranks: list[int]) -> str:

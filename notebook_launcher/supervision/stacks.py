@@ -80,20 +80,14 @@ def innermost_user_frame(lines: list[str]) -> str:
 
 
 # torch's own collectives a rank can wait in without its progress record knowing (C++ collectives of DDP's
-# reducer, FSDP's, torch.distributed's internals), found from the innermost frames of its stack: (the path part
-# of a library file, a name for it, what its functions are called in the message), in order of precedence
+# reducer, FSDP's, torch.distributed's internals), found from the innermost frames of its stack
 _DDP_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
-_DDP_FORWARD = {"forward", "_pre_forward", "_run_ddp_forward", "_post_forward", "_rebuild_buckets",
-                "_check_global_requires_backward_grad_sync", "_check_and_sync_module_buffers"}
+_DISTRIBUTED_DIR = os.path.join("torch", "distributed") + os.sep
+_FSDP_DIRS = (os.path.join("torch", "distributed", "fsdp") + os.sep,
+              os.path.join("torch", "distributed", "_composable", "fsdp") + os.sep)
 _DDP_BUFFERS = {"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
-                "_distributed_broadcast_coalesced"}
-_TORCH_PLACES = (
-    (os.path.join("torch", "distributed", "fsdp") + os.sep, "FSDP's {function}"),
-    (os.path.join("torch", "distributed", "_composable", "fsdp") + os.sep, "FSDP's {function}"),
-    (os.path.join("torch", "distributed") + os.sep, "torch.distributed's {function}"),
-    (f"{os.sep}accelerate{os.sep}", "Accelerate's {function}"),
-    (f"{os.sep}lightning{os.sep}", "Lightning's {function}"),
-)
+                "_distributed_broadcast_coalesced", "_check_and_sync_module_buffers"}
+_DDP_CONSTRUCTION = {"__init__", "_verify_param_shape_across_processes", "_sync_module_states", "_sync_params"}
 
 
 def _main_frames(lines: list[str]) -> list[tuple[str, str, str]]:
@@ -108,28 +102,41 @@ def _is_users(file: str) -> bool:
     return not (file.startswith(_NOT_USER) or any(part in file for part in _LIBRARIES) or file.startswith("<frozen"))
 
 
+def _is_distributed(file: str) -> bool:
+    return _DISTRIBUTED_DIR in file or file.endswith(_DDP_FILE)
+
+
 def torch_place(lines: list[str]) -> str:
-    """Where a rank that is in no collective of its progress record waits inside torch's distributed code,
-    from its stack dump: "DDP's forward (a collective of DDP's reducer)", "FSDP's _pre_forward",
-    "torch.distributed's new_group", "Accelerate's gather"; "" when its innermost frames are the user's own
-    (or any code that is not distributed): a rank busy in its own code is never given such a label."""
-    inner = []
+    """Where a rank that is in no collective of its progress record waits inside torch's distributed code, from
+    its stack dump: "DDP's forward (a collective of DDP's reducer)", "DDP's buffer broadcast", "FSDP's
+    _pre_forward", "torch.distributed's new_group"; "" otherwise.
+
+    Only the innermost frames count, and only while they are all torch's distributed code (a C++ collective is
+    called from there): a rank computing (its innermost frame in torch's modules, autograd, the optimizer, a
+    library or the user's own code), even inside DDP's or FSDP's forward, is never given such a label."""
+    chain = []
     for frame in _main_frames(lines):
-        if _is_users(frame[0]):
-            break  # the user's frame: only what it calls counts
-        inner.append(frame)
-    ddp = [function for file, _, function in inner if file.endswith(_DDP_FILE)]
+        if not _is_distributed(frame[0]):
+            break
+        chain.append(frame)
+    ddp = [function for file, _, function in chain if file.endswith(_DDP_FILE)]
     if ddp:
-        if _DDP_FORWARD & set(ddp):
-            return "DDP's forward (a collective of DDP's reducer)"
-        if _DDP_BUFFERS & set(ddp):
+        innermost = ddp[0]
+        if innermost in _DDP_BUFFERS:
             return "DDP's buffer broadcast"
-        return f"DDP's {ddp[-1]} (a collective of DDP's)"
-    for part, label in _TORCH_PLACES:
-        functions = [function for file, _, function in inner if part in file]
-        if functions:
-            return label.format(function=functions[-1])  # the outermost: what the user's code called
-    return ""
+        if innermost in _DDP_CONSTRUCTION:
+            return "DDP's construction (its parameter broadcast)"
+        return "DDP's forward (a collective of DDP's reducer)"
+    fsdp = [function for file, _, function in chain if any(part in file for part in _FSDP_DIRS)]
+    if fsdp:
+        return f"FSDP's {fsdp[-1]}"  # the outermost: what the user's code reached
+    named = [function for file, _, function in chain if not file.endswith("c10d_logger.py")]  # (its wrapper)
+    return f"torch.distributed's {named[-1]}" if named else ""
+
+
+def short_place(in_torch: str) -> str:
+    """"DDP's forward (a collective of DDP's reducer)" -> "DDP's forward": the name alone, for one line."""
+    return in_torch.split(" (", 1)[0]
 
 
 _CELL_REFERENCE = re.compile(r'File "(?P<quoted>[^"]+)", line (?P<line>\d+)|(?P<bare>[^\s"\'(]+\.py|'
