@@ -16,6 +16,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 
 import psutil
 
@@ -114,6 +115,17 @@ def kill_all(processes, wait_s: float = 0.0) -> list[int]:
     if wait_s:
         psutil.wait_procs(processes, timeout=wait_s)
     return killed
+
+
+def exit_with(main) -> None:
+    """``sys.exit(main())``; on an error in the script itself, every process it started is killed first, so
+    that a benchmark never leaves processes behind."""
+    try:
+        sys.exit(main())
+    except Exception:  # noqa: BLE001 - never leave processes behind, even on a bug in the script
+        kill_all(live_descendants(os.getpid()))
+        traceback.print_exc()
+        sys.exit(1)
 
 
 def kill_descendants(keep=(), wait_s: float = 0.0) -> list[int]:

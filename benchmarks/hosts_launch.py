@@ -51,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 import psutil
 import torch
@@ -59,6 +58,7 @@ from common import (
     HERE,
     Quiet,
     Watchdog,
+    exit_with,
     free_port,
     kill_all,
     live_descendants,
@@ -697,9 +697,4 @@ def print_report(report: dict) -> None:
 if __name__ == "__main__":
     if "--node" in sys.argv[1:]:
         sys.exit(node_main())
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001 - never leave processes behind, even on a bug here
-        kill_all(live_descendants(os.getpid()))
-        traceback.print_exc()
-        sys.exit(1)
+    exit_with(main)

@@ -38,10 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 import torch
-from common import HERE, ROOT, Quiet, Watchdog, free_port, kill_all, live_descendants, log, median, ms, ratio
+from common import HERE, ROOT, Quiet, Watchdog, exit_with, free_port, kill_all, live_descendants, log, median, ms, ratio
 from hosts_launch import HOSTS, LocalSshd, wait_for_no_pytest
 
 import notebook_launcher as nl_pkg
@@ -442,9 +441,4 @@ def print_report(report: dict) -> None:
 if __name__ == "__main__":
     if "--driver" in sys.argv[1:]:
         sys.exit(driver_main())
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001 - never leave processes behind, even on a bug here
-        kill_all(live_descendants(os.getpid()))
-        traceback.print_exc()
-        sys.exit(1)
+    exit_with(main)

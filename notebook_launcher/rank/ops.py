@@ -20,9 +20,9 @@ In a launched worker (after ``install()``) the raw ``torch.distributed`` collect
 Accelerate's own ops and library code are covered), and each collective records where the rank is (for hang
 diagnosis), debug mode or not; FSDP's are recorded as ``FSDP <collective>``. They are caught at the function
 object (``intercept``), so a name imported before the launch (``from torch.distributed import all_reduce``),
-``distributed_c10d.all_reduce``, a ``functools.partial`` of one and torch's own calls between them all
-count. What the ranks compare, and the messages, live in ``agreement``; ``any_rank`` is the one collective other
-modules build on (``check_trigger``).
+``distributed_c10d.all_reduce`` and a ``functools.partial`` of one all count (the outermost collective is the
+one recorded and checked: an object collective's inner ``all_gather`` is not). What the ranks compare, and the
+messages, live in ``agreement``; ``any_rank`` is the one collective other modules build on (``check_trigger``).
 """
 
 from __future__ import annotations

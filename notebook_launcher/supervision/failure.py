@@ -209,7 +209,7 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
     if others:
         culprits = ", ".join(f"rank {rank} {_place(info)}" for rank, info in sorted(others.items()))
         headline = (f"The ranks stopped making progress: {culprits}, while "
-                    f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in a collective it will never "
+                    f"{ranks_text(waiting)} wait{'s' if len(waiting) == 1 else ''} in a collective it will never "
                     f"join. The diverging rank left the loop early or took another code path.")
     else:
         groups: dict[tuple, list[int]] = {}
@@ -218,7 +218,7 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
                                                                                   info.get("sequence"))
             groups.setdefault(key, []).append(rank)
         if len(groups) > 1:
-            said = ", ".join(f"{_ranks(ranks)} in {where if number is None else f'{where} #{number}'}"
+            said = ", ".join(f"{ranks_text(ranks)} in {where if number is None else f'{where} #{number}'}"
                              for (where, number), ranks in sorted(groups.items(), key=lambda item: item[1]))
             headline = f"The ranks stopped making progress: they wait in different collectives ({said})."
         else:
@@ -255,6 +255,7 @@ def _place(info: dict, in_torch: str = "", dump: list[str] = ()) -> str:
     return f"is not in any collective: busy or stuck in its own code (last collective: {last})"
 
 
-def _ranks(ranks) -> str:
+def ranks_text(ranks) -> str:
+    """"rank 3" or "ranks 0, 1"."""
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(rank) for rank in ranks)

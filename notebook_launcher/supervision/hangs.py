@@ -14,6 +14,7 @@ import time
 from ..schema.events import PROGRESS, STATUS, STREAM
 from ..schema.lines import expand_lines
 from ..schema.progress_record import ProgressRecord
+from .failure import ranks_text
 from .stacks import cell_names, innermost_user_frame, short_place, torch_place, user_stack
 
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
@@ -208,7 +209,7 @@ def _diverged(records: dict[int, dict], states: dict[int, str], inside_torch: di
         apart = [ranks for ranks, _ in places if len(ranks) == 1]
         everyone_waits = sum(len(ranks) for ranks, _ in places) == len(states)
         rank = apart[0][0] if len(apart) == 1 and len(places) == 2 and everyone_waits and len(states) > 2 else None
-        said = ", ".join(f"{_ranks_text(ranks)} in {where}" for ranks, where in places)
+        said = ", ".join(f"{ranks_text(ranks)} in {where}" for ranks, where in places)
         return rank, f"ranks wait in different collectives: {said}."
     if len(groups) != 1:
         return None, ""
@@ -220,7 +221,3 @@ def _diverged(records: dict[int, dict], states: dict[int, str], inside_torch: di
     what = f"it has {states[rank]}" if states[rank] != "running" else "it is in its own code"
     place = operation if sequence is None else f"{operation} #{sequence}"
     return rank, f"rank {rank} diverged: the other ranks wait in {place}; {what}."
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(rank) for rank in ranks)

@@ -87,7 +87,6 @@ _FSDP_DIRS = (os.path.join("torch", "distributed", "fsdp") + os.sep,
               os.path.join("torch", "distributed", "_composable", "fsdp") + os.sep)
 _DDP_BUFFERS = {"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
                 "_distributed_broadcast_coalesced", "_check_and_sync_module_buffers"}
-_DDP_CONSTRUCTION = {"__init__", "_verify_param_shape_across_processes", "_sync_module_states", "_sync_params"}
 
 
 def _main_frames(lines: list[str]) -> list[tuple[str, str, str]]:
@@ -124,7 +123,7 @@ def torch_place(lines: list[str]) -> str:
         innermost = ddp[0]
         if innermost in _DDP_BUFFERS:
             return "DDP's buffer broadcast"
-        if innermost in _DDP_CONSTRUCTION:
+        if innermost == "__init__":  # (its checks and broadcast are in torch/distributed/utils.py, inside)
             return "DDP's construction (its parameter broadcast)"
         return "DDP's forward (a collective of DDP's reducer)"
     fsdp = [function for file, _, function in chain if any(part in file for part in _FSDP_DIRS)]
