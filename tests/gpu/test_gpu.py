@@ -38,7 +38,9 @@ def test_device_auto_counts_gpus_without_initializing_cuda_in_the_kernel():
     assert out.split() == ["cuda", str(GPUS), "False"]
 
 
-def test_one_rank_on_cuda_returns_its_result_on_the_cpu():
+def test_one_rank_on_cuda_runs_in_the_kernel_and_returns_its_tensor_where_it_is():
+    # num_processes=1 runs the function in the kernel itself: its value is returned as it is, nothing copied
+    # (a worker's result is moved to the CPU; that path is checked with two GPUs below).
     out = in_a_fresh_kernel("""
         import torch
         from notebook_launcher import notebook_launcher
@@ -47,7 +49,7 @@ def test_one_rank_on_cuda_returns_its_result_on_the_cpu():
         result = notebook_launcher(on_gpu, num_processes=1, device="cuda")
         print(result.device, result.sum().item())
     """)
-    assert out.split()[-2:] == ["cpu", "8.0"]
+    assert out.split()[-2:] == ["cuda:0", "8.0"]
 
 
 def test_after_cuda_init_in_the_kernel_spawn_is_chosen_and_fork_is_refused_naming_it():
