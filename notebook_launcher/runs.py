@@ -19,6 +19,7 @@ from .schema.status import RunStatus
 from .supervision.failure import RankFailure
 
 KEEP_IN_MEMORY = 20
+MAX_RECENT_BYTES = 256 * 2**20  # the events the earlier runs keep in memory, together (Run.events.bytes)
 _recent_runs: list = []
 
 
@@ -26,8 +27,10 @@ _recent_runs: list = []
 class Run:
     """Everything about one launch, kept after it returns or raises (see ``last_run()``).
 
-    ``results`` and ``exit_codes`` are by global rank; ``events`` holds what every rank said (the run log in
-    ``run_dir`` holds it too, without the in-memory cap).
+    ``results`` and ``exit_codes`` are by global rank; ``events`` holds what every rank said, up to the
+    in-memory bound (``launchers.intake.MAX_BYTES_IN_MEMORY``; an earlier run's events go first when the runs
+    kept hold more than ``MAX_RECENT_BYTES``): ``events_dropped`` and ``events_dropped_bytes`` say what it left
+    out. The run log in ``run_dir`` holds every event.
     """
 
     run_id: str
@@ -45,7 +48,8 @@ class Run:
     failures: dict = dataclasses.field(default_factory=dict)
     root_cause: RankFailure | None = None
     events: EventList = dataclasses.field(default_factory=EventList)  # a list; lines kept compact
-    events_dropped: int = 0
+    events_dropped: int = 0  # events past the in-memory bound (in the run log only)
+    events_dropped_bytes: int = 0  # the bytes they would have held in memory
     attempts: int = 0
     batch_sizes: dict = dataclasses.field(default_factory=dict)  # find_executable_batch_size: latest size per function
     oom_retries: list = dataclasses.field(default_factory=list)  # each restart after an out-of-memory error
@@ -105,9 +109,24 @@ def recent_runs() -> list[Run]:
 
 
 def remember(run: Run) -> None:
-    """A launch has begun: it is ``last_run()`` from now on, even if it fails before any rank starts."""
+    """A launch has begun: it is ``last_run()`` from now on, even if it fails before any rank starts. The earlier
+    runs keep their events in memory while they hold at most ``MAX_RECENT_BYTES`` together; past that the oldest
+    let theirs go first (their summary, results and failures stay; the run log has every event)."""
     _recent_runs.append(run)
     del _recent_runs[:-KEEP_IN_MEMORY]
+    held = sum(earlier.events.bytes for earlier in _recent_runs[:-1])
+    for earlier in _recent_runs[:-1]:
+        if held <= MAX_RECENT_BYTES:
+            break
+        held -= earlier.events.bytes
+        release_events(earlier)
+
+
+def release_events(run: Run) -> None:
+    """``run`` keeps none of its events in memory any more (they are counted as left out)."""
+    run.events_dropped += len(run.events)
+    run.events_dropped_bytes += run.events.bytes
+    run.events = EventList()
 
 
 def run_dirs(root: str) -> list[str]:

@@ -211,7 +211,7 @@ def test_twenty_launches_leak_no_process_fd_or_temp_dir():
 def test_a_failure_after_more_output_than_the_run_keeps_in_memory_is_still_reported(monkeypatch):
     from notebook_launcher.launchers import intake
 
-    monkeypatch.setattr(intake, "MAX_EVENTS_IN_MEMORY", 50)
+    monkeypatch.setattr(intake, "MAX_BYTES_IN_MEMORY", 5000)
 
     def chatty_then_fails():
         import torch.distributed as dist

@@ -38,12 +38,14 @@ MAX_ATTEMPTS = 5  # measure, shrink the lines' share, measure again
 Render = Callable[[dict, dict], dict]  # (state payload, the fallbacks' payload) -> the bundle (payload, html, plain)
 
 
-def saved_size(bundle: dict) -> int:
-    """Bytes of this bundle in an .ipynb as nbformat writes it (indent 1, nested in a cell's output, strings as
-    lists of lines): the compact JSON (C encoder) plus the indentation, counted by a walk (``indent=`` would
-    make json use its pure-Python encoder, ten times slower)."""
+def saved_size(bundle: dict, metadata: dict | None = None) -> int:
+    """Bytes of this bundle (and the output's ``metadata``, where given) in an .ipynb as nbformat writes it
+    (indent 1, nested in a cell's output, strings as lists of lines): the compact JSON (C encoder) plus the
+    indentation, counted by a walk (``indent=`` would make json use its pure-Python encoder, ten times slower).
+    Every MIME type counts, a widget's view too."""
     data = {mime: value.splitlines(True) if isinstance(value, str) else value for mime, value in bundle.items()}
-    document = {"cells": [{"outputs": [{"data": data}]}]}
+    output = {"data": data} if metadata is None else {"data": data, "metadata": metadata}
+    document = {"cells": [{"outputs": [output]}]}
     return len(json.dumps(document, ensure_ascii=False).encode("utf-8", "surrogatepass")) + _indentation(document, 0)
 
 

@@ -12,16 +12,15 @@ A rank's ``display()``, matplotlib figure, ``update_display`` and ``clear_output
 - **every rank** (rank 0 too): a line ``[display] <its text>`` in its column of the panel, in order with its
   prints (``state.py``); the whole bundle is in the run log (events.jsonl, kind ``display``).
 
-Caps per run: at most ``MAX_OUTPUTS`` outputs in the cell and ``MAX_CELL_BYTES`` of their bundles at a time (what
-the saved notebook grows by); what goes over is not shown, and ``finish`` returns one line saying how much (the
-panel's notes show it).
+Caps per run: at most ``MAX_OUTPUTS`` outputs in the cell and ``MAX_CELL_BYTES`` of them at a time (what the saved
+notebook grows by: each output's bundle, every MIME type of it, and its metadata, as nbformat writes them); what
+goes over is not shown, and ``finish`` returns one line saying how much (the panel's notes show it).
 """
 
 from __future__ import annotations
 
-import json
-
 from ..schema.events import DISPLAY, Event
+from .budget import saved_size
 
 MAX_OUTPUTS = 100
 MAX_CELL_BYTES = 20 * 2**20
@@ -62,7 +61,7 @@ class RankOutputs:
         if bundle is None:
             return
         display_id = data.get("display_id") if isinstance(data.get("display_id"), str) else None
-        size = _size(bundle)
+        size = saved_size(bundle, metadata)
         if op == "update":
             slot = self._ids.get(display_id) if display_id is not None else None
             if slot is not None:
@@ -146,7 +145,3 @@ class RankOutputs:
             return display(bundle, raw=True, metadata=metadata, display_id=True)
         handle.update(bundle, raw=True, metadata=metadata)
         return handle
-
-
-def _size(bundle: dict) -> int:
-    return sum(len(value) if isinstance(value, str) else len(json.dumps(value)) for value in bundle.values())

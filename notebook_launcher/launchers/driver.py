@@ -49,8 +49,8 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
         shown = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
     _warn_old_kernel_once(shown)
     started = time.monotonic()
+    events = AttemptEvents(run, log, shown, single_attempt)
     try:
-        events = AttemptEvents(run, log, shown, single_attempt)
         return launcher.launch(plan, run, shown, events, RestartPolicy(run, events.on_event, single_attempt))
     except KeyboardInterrupt:
         run.status = RunStatus.INTERRUPTED
@@ -58,6 +58,7 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
                    f"interrupted: stopped all {plan.num_processes} worker(s)")
         raise
     except BaseException as error:
+        events.note_left_out()
         if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
             run.status = RunStatus.FAILED
         if panel is not None:
@@ -66,6 +67,7 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
             panel = None
         raise
     finally:
+        events.note_left_out()  # (once: before the panel's last state, whatever happened)
         if panel is not None:  # finished, or interrupted
             interrupted = {"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt", "traceback": "",
                            "message": "interrupted: every worker was stopped", "stacks": {}}

@@ -1,5 +1,10 @@
-"""Every event of an attempt, in one place: kept on the Run (bounded), written to the run log, followed by the
-attempt's FailureTracker, released in order to the display; the result of the last attempt.
+"""Every event of an attempt, in one place: kept on the Run (bounded in bytes), written to the run log, followed
+by the attempt's FailureTracker, released in order to the display; the result of the last attempt.
+
+The Run keeps at most ``MAX_BYTES_IN_MEMORY`` of events, each counted by what it holds (``lines.EventList``:
+lines, log records, displays with their metadata); the story of the run (``KEPT_ALWAYS``: status, failures,
+exits, results, restarts, hang notices) is kept whatever the bound. What goes past the bound is in the run log
+only, and one note at the run's end says how much and how to read it (``note_left_out``).
 
 The launchers pass each event here as it is read (``AttemptEvents.on_event``, ``on_lines``); whether another
 attempt follows is the restart policy's (``attempts.RestartPolicy``), which announces it here too.
@@ -11,15 +16,29 @@ import dataclasses
 from typing import Any
 
 from ..runs import Run
-from ..schema.events import BALANCE, BATCH_SIZE, EXIT, LOG, RESULT, STREAM, Event
-from ..schema.lines import count_lines, expand_lines
+from ..schema.events import (
+    BALANCE,
+    BATCH_SIZE,
+    EXIT,
+    FAILURE,
+    HANG_NOTICE,
+    LAUNCHER,
+    OOM_RETRY,
+    RESTART,
+    RESULT,
+    STATUS,
+    STREAM,
+    Event,
+)
+from ..schema.lines import count_lines, event_bytes, expand_lines, lines_bytes
 from ..schema.results import unpack_result
 from ..schema.runlog import RunLog
 from ..schema.status import RunStatus
 from ..supervision.failure import FailureTracker
 from ..supervision.ordering import InOrderRelease
 
-MAX_EVENTS_IN_MEMORY = 200_000  # output and log lines kept on the Run; every event is in the run log
+MAX_BYTES_IN_MEMORY = 64 * 2**20  # events kept on the Run (Run.events.bytes); every event is in the run log
+KEPT_ALWAYS = frozenset((STATUS, RESULT, FAILURE, EXIT, LAUNCHER, RESTART, OOM_RETRY, BATCH_SIZE, HANG_NOTICE))
 
 
 class AttemptEvents:
@@ -33,6 +52,7 @@ class AttemptEvents:
         self.single_attempt = single_attempt
         self.tracker = FailureTracker()
         self.in_order: InOrderRelease | None = None
+        self._left_out_noted = False
 
     # -- one attempt ------------------------------------------------------------------------------------------
     def begin(self, ranks) -> None:
@@ -61,10 +81,14 @@ class AttemptEvents:
             pass  # a progress bar's passing state: in the run log and the panel only
         elif event.kind == RESULT:
             run.events.append(dataclasses.replace(event, attachment=b""))  # the value itself is in run.results
-        elif event.kind not in (STREAM, LOG) or len(run.events) < MAX_EVENTS_IN_MEMORY:
+        elif event.kind in KEPT_ALWAYS:
             run.events.append(event)
         else:
-            run.events_dropped += 1  # output lines beyond the cap are in the run log only
+            size = event_bytes(event)
+            if not run.events_dropped and run.events.bytes + size <= MAX_BYTES_IN_MEMORY:
+                run.events.append(event)
+            else:
+                self._leave_out(1, size)
         self.log.write(event)
         self.tracker.observe(event)
         self.in_order.push(event)
@@ -81,15 +105,40 @@ class AttemptEvents:
         """``on_event`` for plain lines of one rank read together (runs of prints and records, and ``log``
         records without in_order, see ``RankDemux``): each stage takes the whole list at once."""
         run = self.run
-        room, count = MAX_EVENTS_IN_MEMORY - len(run.events), count_lines(lines)
-        if room >= count:
-            run.events.extend_lines(lines)
-        else:
-            run.events.extend_lines(expand_lines(lines)[:max(0, room)])
-            run.events_dropped += count - max(0, room)  # output lines beyond the cap are in the run log only
+        size = lines_bytes(lines)
+        if run.events_dropped:
+            self._leave_out(count_lines(lines), size)
+        elif run.events.bytes + size <= MAX_BYTES_IN_MEMORY:
+            run.events.extend_lines(lines, size)
+        else:  # the bound falls inside these lines: the Run keeps those before it
+            events = expand_lines(lines)
+            kept = 0
+            for event in events:
+                one = lines_bytes((event,))
+                if run.events.bytes + one > MAX_BYTES_IN_MEMORY:
+                    break
+                run.events.extend_lines((event,), one)
+                kept += 1
+            self._leave_out(len(events) - kept, lines_bytes(events[kept:]))
         self.log.write_lines(lines)
         self.tracker.observe_lines(lines)
         self.in_order.push_lines(lines)
+
+    def _leave_out(self, count: int, size: int) -> None:
+        """Events past the Run's bound: in the run log only, from the first on (``Run.events`` stays the run's
+        beginning, whole)."""
+        self.run.events_dropped += count
+        self.run.events_dropped_bytes += size
+
+    def note_left_out(self) -> None:
+        """Once, at the run's end: how much the Run did not keep in memory, and where it is."""
+        run = self.run
+        if self._left_out_noted or not run.events_dropped:
+            return
+        self._left_out_noted = True
+        self.display.note(f"{run.events_dropped_bytes / 2**20:.1f} MB of output ({run.events_dropped} events) past "
+                          f"the in-memory bound of {MAX_BYTES_IN_MEMORY // 2**20} MB a run are in the run log "
+                          f"only: inspect_run({run.run_id!r})")
 
     def _receive_result(self, event: Event) -> None:
         if event.data.get("kept") is False:

@@ -3,7 +3,8 @@
 ``RankDemux`` makes runs of a rank's lines (``StreamLines``, ``LogRecords``) where it would otherwise make an
 Event per line; every stage of the kernel takes a list of them whole (see docs/ARCHITECTURE.md, "One line"), and
 ``expand_lines`` gives the Events they stand for to whoever wants them one by one. ``EventList`` keeps them as
-tuples of plain values, which Python's cyclic collector stops tracking.
+tuples of plain values, which Python's cyclic collector stops tracking, and counts the bytes it holds
+(``retained_bytes``), which the kernel bounds (``launchers/intake.py``, ``runs.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
+from operator import itemgetter
+from sys import getsizeof
 
-from .events import LOG, RECORD_DATA, RECORD_KEYS, RECORD_TIME, STREAM, TEXT_STREAMS, Event
+from .events import LOG, RECORD_DATA, RECORD_FRAME_TYPES, RECORD_KEYS, RECORD_TIME, STREAM, TEXT_STREAMS, Event
 
 
 class StreamLines:
@@ -85,6 +88,54 @@ def count_lines(lines) -> int:
     return sum(len(item) if type(item) in _RUNS else 1 for item in lines)
 
 
+def retained_bytes(value) -> int:
+    """The bytes ``value`` holds in memory: ``sys.getsizeof`` of it and of everything in it (the dicts, lists
+    and tuples and what they hold: a display's bundle, its metadata, a widget's view, each counted by what it
+    is). An object held twice is counted twice (never less than the truth)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        total += getsizeof(item)
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+    return total
+
+
+def event_bytes(event: Event) -> int:
+    """The bytes an Event kept whole holds: the object, its data, its attachment."""
+    attachment = event.attachment
+    kept = len(attachment) if isinstance(attachment, (bytes, bytearray)) else 0  # (a result's value is elsewhere)
+    return getsizeof(event) + getsizeof(event.__dict__) + retained_bytes(event.data) + kept
+
+
+def lines_bytes(lines) -> int:
+    """The bytes ``EventList.extend_lines`` keeps for these plain lines (what it counts for them)."""
+    return sum(map(_line_bytes, lines))
+
+
+def _line_bytes(item) -> int:
+    """The bytes of the tuple ``EventList.extend_lines`` keeps for a plain line or a run of them: its tuples,
+    numbers and strings, the texts and a record's strings summed in C (what a flood costs)."""
+    kind = type(item)
+    if kind is StreamLines:
+        texts = item.texts
+        return _RUN_BYTES + _TUPLE + _POINTER * len(texts) + sum(map(getsizeof, texts)) if texts else 0
+    if kind is LogRecords:
+        frames = item.frames
+        if not frames:
+            return 0
+        strings = sum(sum(map(getsizeof, map(itemgetter(at), frames))) for at in _FRAME_STRINGS)
+        return _RUN_BYTES + _TUPLE + len(frames) * (_POINTER + _FRAME_BYTES) + strings
+    data = item.data
+    if item.kind == STREAM and len(data) == 2 and type(data.get("text")) is str and data.get("stream") in _STREAM_NAMES:
+        return _RUN_BYTES + getsizeof(data["text"])
+    return _RUN_BYTES + _POINTER * (1 + len(data)) + sum(map(retained_bytes, data.values()))
+
+
 class EventList(Sequence):
     """A list of events (``Run.events``) that keeps plain lines as tuples of plain values.
 
@@ -93,45 +144,40 @@ class EventList(Sequence):
     strings and numbers is untracked at its first collection, so lines kept through ``extend_lines`` cost the
     collector nothing; reading gives Events back (new objects, equal to those kept). A run of lines is kept as
     one tuple, found by index through ``_starts`` (the index of each item's first line).
+
+    ``bytes`` is what the kept items hold, counted as they are kept (``lines_bytes``, ``event_bytes``): the
+    kernel's bound on a run's memory reads it.
     """
 
     def __init__(self, events=()):
-        self._items: list = list(events)
-        self._starts = array("q", range(len(self._items)))
-        self._count = len(self._items)
+        self._items: list = []
+        self._starts = array("q")
+        self._count = 0
+        self.bytes = 0
+        for event in events:
+            self.append(event)
 
     def append(self, event: Event) -> None:
         self._items.append(event)
         self._starts.append(self._count)
         self._count += 1
+        self.bytes += event_bytes(event)
 
-    def extend_lines(self, lines) -> None:
+    def extend_lines(self, lines, size: int | None = None) -> None:
         """Plain lines without an attachment (runs, and Events of stream lines and log records), kept as flat
         tuples: ``StreamLines`` as (rank, seq, time, stream, texts' tuple), ``LogRecords`` as (rank, seq,
         frames' tuple), a stream line as (rank, seq, time, stream, text), any other as (rank, seq, time, kind,
-        its data's keys, *their values), the keys' tuple shared by every record that has the same keys."""
+        its data's keys, *their values), the keys' tuple shared by every record that has the same keys. ``size``:
+        their ``lines_bytes``, where the caller has it already."""
         keys, items, starts, count = _SHARED_KEYS, self._items, self._starts, self._count
         for item in lines:
             if type(item) in _RUNS and not len(item):
                 continue  # (an empty run holds no line; kept, it would read as one)
             starts.append(count)
-            if type(item) is LogRecords:
-                items.append((item.rank, item.seq, tuple(item.frames)))
-                count += len(item.frames)
-                continue
-            if type(item) is StreamLines:
-                items.append((item.rank, item.seq, item.time, item.stream, tuple(item.texts)))
-                count += len(item.texts)
-                continue
-            data = item.data
-            if item.kind == STREAM and len(data) == 2 and type(data.get("text")) is str \
-                    and data.get("stream") in _STREAM_NAMES:
-                items.append((item.rank, item.seq, item.time, data["stream"], data["text"]))
-            else:
-                items.append((item.rank, item.seq, item.time, item.kind,
-                              keys.setdefault(tuple(data), tuple(data)), *data.values()))
-            count += 1
+            items.append(_kept_item(item, keys))
+            count += len(item) if type(item) in _RUNS else 1
         self._count = count
+        self.bytes += lines_bytes(lines) if size is None else size
         if len(keys) > 1000:
             keys.clear()
 
@@ -162,6 +208,26 @@ class EventList(Sequence):
 
 _SHARED_KEYS: dict = {}  # the keys' tuple of each shape of data kept by EventList.extend_lines
 _STREAM_NAMES = frozenset(TEXT_STREAMS)  # a stream tuple's fourth value; a record's is its kind
+
+
+def _kept_item(item, keys: dict) -> tuple:
+    """The tuple ``EventList.extend_lines`` keeps for a plain line or a run of them."""
+    if type(item) is LogRecords:
+        return (item.rank, item.seq, tuple(item.frames))
+    if type(item) is StreamLines:
+        return (item.rank, item.seq, item.time, item.stream, tuple(item.texts))
+    data = item.data
+    if item.kind == STREAM and len(data) == 2 and type(data.get("text")) is str and data.get("stream") in _STREAM_NAMES:
+        return (item.rank, item.seq, item.time, data["stream"], data["text"])
+    return (item.rank, item.seq, item.time, item.kind, keys.setdefault(tuple(data), tuple(data)), *data.values())
+
+
+_TUPLE = getsizeof(())
+_POINTER = getsizeof((0,)) - _TUPLE
+_RUN_BYTES = _TUPLE + 5 * _POINTER + 2 * getsizeof(2**40) + getsizeof(0.0)  # the tuple, rank, seq and time
+_FRAME_STRINGS = tuple(at for at, kind in enumerate(RECORD_FRAME_TYPES) if kind is str)
+_FRAME_BYTES = _TUPLE + len(RECORD_FRAME_TYPES) * _POINTER + sum(
+    getsizeof(2**40 if kind is int else 0.0) for kind in RECORD_FRAME_TYPES if kind is not str)
 
 
 def _run_size(item) -> int:
