@@ -111,25 +111,24 @@ class StepWatch:
         if not self._said and time.monotonic() - self._started > STEP_NOTICE_S and self.silent():
             self._said = True
             bound = "" if self.plan.timeout is not None else " (timeout= bounds the wait)"
+            state = job_state(self.job.job_id)
             self.note(f"Slurm job {self.job.job_id}: no rank has started on {', '.join(self.silent())} after "
-                      f"{STEP_NOTICE_S:g} s{self._state()}. srun waits while Slurm cannot start its step (a suspended "
-                      f"job, busy or unresponsive nodes): `squeue -s --jobs={self.job.job_id}` lists the steps, "
-                      f"`scontrol show job {self.job.job_id}` says why; an interrupt stops the launch{bound}")
+                      f"{STEP_NOTICE_S:g} s{f' (the job is {state})' if state else ''}. srun waits while Slurm "
+                      f"cannot start its step (a suspended job, busy or unresponsive nodes): `squeue -s "
+                      f"--jobs={self.job.job_id}` lists the steps, `scontrol show job {self.job.job_id}` says why; "
+                      f"an interrupt stops the launch{bound}")
 
     def silent(self) -> list[str]:
         """The nodes none of whose ranks has been heard from in this attempt."""
-        per_node = self.plan.num_processes
-        return [host for node, host in enumerate(self.hosts)
-                if not any(node * per_node <= rank < (node + 1) * per_node for rank in self._heard)]
+        heard = {rank // self.plan.num_processes for rank in self._heard}
+        return [host for node, host in enumerate(self.hosts) if node not in heard]
 
     def explain(self, message: str) -> str:
         """A timeout's message, with the job and its step: which nodes never started a rank, and why to look."""
         silent = self.silent()
         if not silent:
-            return f"Slurm job {self.job.job_id}, step on {', '.join(self.hosts)}: {message}"
-        return (f"Slurm job {self.job.job_id}: its srun step never started a rank on {', '.join(silent)}"
-                f"{self._state()} (`scontrol show job {self.job.job_id}` says why): {message}")
-
-    def _state(self) -> str:
+            return f"Slurm job {self.job.job_id}, the step on {', '.join(self.hosts)}: {message}"
         state = job_state(self.job.job_id)
-        return f" (the job is {state})" if state else ""
+        return (f"Slurm job {self.job.job_id}: its srun step never started a rank on {', '.join(silent)} ("
+                f"{f'the job is {state}; ' if state else ''}`scontrol show job {self.job.job_id}` says why). "
+                f"{message[:1].upper()}{message[1:]}")
