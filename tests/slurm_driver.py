@@ -1,9 +1,12 @@
 """A notebook's kernel for tests/test_slurm.py. Run under ``salloc``: inside a Slurm allocation, it prints one
-line, ``RESULT {json}``, with what the launches gave. With ``sleep``: from outside a job, ranks that sleep on an
-allocation asked for with slurm_options (the test kills this process meanwhile)."""
+line, ``RESULT {json}``, with what the launches gave (with ``once``: the first launch only; with ``shared``: one
+launch of 2 ranks per node, its result and what the launch said). With ``sleep``: from outside a job, ranks that
+sleep on an allocation asked for with slurm_options (the test kills this process meanwhile)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -28,10 +31,16 @@ def sleeps():
 def main() -> dict:
     from notebook_launcher import notebook_launcher
     from notebook_launcher.cluster.slurm_checks import slurm_checks
-    from notebook_launcher.errors import LaunchArgumentError
     from notebook_launcher.runs import last_run
 
     out = {"job": os.environ.get("SLURM_JOB_ID")}
+    if sys.argv[1:] == ["shared"]:
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            out["rank0"] = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", display="text",
+                                             timeout=240)
+        out["said"] = said.getvalue()
+        return out
     out["rank0"] = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", results="all",
                                      display="text", timeout=240)
     out["ranks"] = {str(rank): value["node"] for rank, value in last_run().results.items()}
@@ -39,11 +48,6 @@ def main() -> dict:
         return out
     out["narrowed"] = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", hosts=["n2"],
                                         display="text", timeout=240)
-    try:
-        notebook_launcher(where_am_i, num_processes=3, start_hosts_with="srun", display="text", timeout=60)
-        out["too_many"] = None
-    except LaunchArgumentError as exc:
-        out["too_many"] = str(exc)
     out["doctor"] = [[check.name, check.verdict, check.found] for check in slurm_checks()]
     return out
 

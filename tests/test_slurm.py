@@ -4,8 +4,11 @@ tests/slurm_driver.py run under salloc; from outside, the launch is made here, i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import time
@@ -108,8 +111,7 @@ def test_the_test_cluster_runs_a_step_on_each_node(slurm):
 
 def test_inside_an_allocation_two_ranks_per_node_form_one_group_of_four(slurm):
     """A kernel under ``salloc -N2 --ntasks-per-node=2``: an agent per node by srun, 2 ranks each, one
-    all_reduce over 4; rank 0's value back; hosts= narrows to one node; 3 ranks on a node of 2 CPUs refused;
-    the doctor's Slurm checks."""
+    all_reduce over 4; rank 0's value back; hosts= narrows to one node; the doctor's Slurm checks."""
     done = slurm.run(["salloc", "-N2", "--ntasks-per-node=2", "--", sys.executable, DRIVER], timeout=400,
                      cwd=os.path.dirname(DRIVER), extra_env=CHECKOUT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -118,8 +120,6 @@ def test_inside_an_allocation_two_ranks_per_node_form_one_group_of_four(slurm):
     assert result["rank0"] == {"node": "n1", "sum": 10.0, "world": 4}
     assert result["ranks"] == {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
     assert result["narrowed"] == {"node": "n2", "sum": 3.0, "world": 2}
-    assert "num_processes=3" in result["too_many"] and "2 CPU(s)" in result["too_many"]
-    assert "--ntasks-per-node=3" in result["too_many"]
     checks = {name: (verdict, found) for name, verdict, found in result["doctor"]}
     assert checks["Slurm job"][0] == "ok" and f"job {result['job']}: 2 node(s)" in checks["Slurm job"][1]
     assert "n1: 2 CPUs" in checks["Slurm job"][1]
@@ -297,10 +297,65 @@ def test_a_job_slurm_refuses_is_its_own_message(slurm):
                           slurm_options=["--nodes=2", "--partition=nope"], display="text", timeout=120)
 
 
-def test_more_ranks_per_node_than_the_jobs_cpus_is_refused(slurm):
-    with pytest.raises(LaunchArgumentError, match=r"num_processes=2 ranks per node, but Slurm job \d+ holds 1 CPU"):
-        notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun",
-                          slurm_options=["--nodes=2", "--ntasks-per-node=1"], display="text", timeout=120)
+def test_more_ranks_per_node_than_the_jobs_cpus_run_with_one_warning(slurm):
+    """torchrun's pattern under Slurm, one task (here one CPU) per node and several ranks under it: the launch
+    runs, and says once that the ranks share the CPUs, with the option that gives each its own."""
+    done = slurm.run(["salloc", "-N2", "--ntasks-per-node=1", "--", sys.executable, DRIVER, "shared"], timeout=400,
+                     cwd=os.path.dirname(DRIVER), extra_env=CHECKOUT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"{done.stdout}\n{done.stderr}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["rank0"] == {"node": "n1", "sum": 10.0, "world": 4}
+    warnings = [line for line in result["said"].splitlines() if "warning: num_processes=2 ranks per node" in line]
+    assert len(warnings) == 1, result["said"]
+    assert f"Slurm job {result['job']} holds on n1 (1), n2 (1)" in warnings[0]
+    assert "'--cpus-per-task=2'" in warnings[0] and "'--ntasks-per-node=2'" in warnings[0]
+
+
+def test_salloc_that_ends_once_granted_has_its_job_cancelled(slurm):
+    """``--no-shell``: salloc is granted the job and exits without running the launch on it; the job is
+    cancelled (the fixture checks squeue is empty) and the message says why."""
+    with pytest.raises(LaunchArgumentError, match=r"salloc was granted job \d+ but ended without running the launch "
+                                                  r"on it .*the job was cancelled.*--no-shell"):
+        notebook_launcher(where_am_i, num_processes=1, start_hosts_with="srun", slurm_options=["--nodes=1",
+                          "--no-shell"], display="text", timeout=120)
+    assert slurm.wait_no_jobs(30) == []
+
+
+class _SuspendingText(TextDisplay):
+    """The text display; once the job is granted, it is suspended (Slurm then cannot start a step in it)."""
+
+    def __init__(self, cluster):
+        super().__init__("[rank ${rank}] ")
+        self.cluster = cluster
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        super().note(text)
+        self.notes.append(text)
+        granted = re.search(r"Slurm job (\d+) granted", text)
+        if granted:
+            done = self.cluster.run(["scontrol", "suspend", granted.group(1)])
+            assert done.returncode == 0, done.stderr
+
+
+def test_a_step_slurm_cannot_start_is_said_then_named_by_the_timeout(slurm, monkeypatch):
+    """srun waits without a word while the job is suspended: the launch says which nodes started no rank and
+    where to look, once, and the timeout names the job, the nodes and the job's state."""
+    from notebook_launcher.launchers import slurm as slurm_launcher
+
+    monkeypatch.setattr(slurm_launcher, "STEP_NOTICE_S", 2.0)
+    display = _SuspendingText(slurm)
+    with pytest.raises(LaunchTimeoutError) as caught:
+        notebook_launcher(where_am_i, num_processes=1, start_hosts_with="srun", slurm_options=["--nodes=2"],
+                          display=display, timeout=15)
+    said = [note for note in display.notes if "no rank has started" in note]
+    assert len(said) == 1, display.notes
+    assert re.search(r"Slurm job \d+: no rank has started on n1, n2 after 2 s \(the job is SUSPENDED\)", said[0])
+    assert "squeue -s --jobs=" in said[0] and "an interrupt stops the launch" in said[0]
+    assert re.match(r"Slurm job (\d+): its srun step never started a rank on n1, n2 \(the job is SUSPENDED; "
+                    r"`scontrol show job \1` says why\)\. The hosts did not finish within timeout=15 s",
+                    str(caught.value)), str(caught.value)
 
 
 def test_the_doctor_outside_a_job_says_srun_works(slurm):
@@ -349,3 +404,95 @@ def test_slurm_counts_and_options():
     assert allocation_options(["--nodes=2"], 2, "cpu") == ["--nodes=2", "--ntasks-per-node=2"]
     assert allocation_options(["-N2", "-c4"], 2, "cpu") == ["-N2", "-c4"]
     assert allocation_options(["-N2"], 2, "cuda") == ["-N2", "--ntasks-per-node=2", "--gpus-per-node=2"]
+
+
+@contextlib.contextmanager
+def _fake_commands(folder, **scripts):
+    """Slurm commands in ``folder``, first on PATH while in the block: a ``scancel`` that logs its arguments
+    (one line per call, each argument in brackets) then runs the real one, and the given sh ``scripts`` by name
+    (``$REAL`` is the real command). Yields the log's path."""
+    log = folder / "scancel.log"
+    scripts = {"scancel": f'{{ for a in "$@"; do printf "[%s]" "$a"; done; echo; }} >> {log}\nexec "$REAL" "$@"',
+               **scripts}
+    for name, body in scripts.items():
+        path = folder / name
+        path.write_text(f"#!/bin/sh\nREAL={shutil.which(name)}\n{body}\n")
+        path.chmod(0o755)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+        yield str(log)
+
+
+def _scancel_calls(log: str) -> list[list[str]]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as file:
+        return [re.findall(r"\[(.*?)\]", line) for line in file]
+
+
+def test_hostile_squeue_output_with_fake_squeue_on_path(slurm, tmp_path):
+    """Only ids of steps of ours in the job reach scancel, after ``--``; non-UTF-8 lines are no error."""
+    from notebook_launcher.cluster.slurm import STEP_NAME, cancel_steps
+
+    done = slurm.run(["salloc", "-N1", "--no-shell"])  # a real job to cancel steps in
+    job = re.search(r"Granted job allocation (\d+)", done.stderr).group(1)
+    try:
+        lines = [f"--user=root {STEP_NAME}", f"{job}.0;id {STEP_NAME}", f"9{job}.3 {STEP_NAME}",
+                 f"-{job}.4 {STEP_NAME}", f"{job}.8 other", f"{job}.7 {STEP_NAME}"]
+        squeue = "printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + f"\nprintf '\\377\\376 {STEP_NAME}\\n'"
+        with _fake_commands(tmp_path, squeue=squeue) as log:
+            assert cancel_steps(job) == [f"{job}.7"]
+        assert _scancel_calls(log) == [["--quiet", "--", f"{job}.7"]]
+    finally:
+        slurm.run(["scancel", job])
+
+
+def test_hostile_slurm_job_id_in_the_environment_with_fake_scancel_on_path(slurm, tmp_path, monkeypatch):
+    from notebook_launcher.cluster.slurm_checks import slurm_checks
+    from notebook_launcher.errors import HostFailedError
+
+    monkeypatch.setenv("SLURM_JOB_ID", "--user=root")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    with _fake_commands(tmp_path) as log:
+        with pytest.raises(HostFailedError, match=r"SLURM_JOB_ID '--user=root' is not a Slurm job or step id"):
+            notebook_launcher(where_am_i, num_processes=1, start_hosts_with="srun", display="text", timeout=60)
+        check = slurm_checks()[0]
+    assert check.verdict == "problem" and "'--user=root' is not a Slurm job" in check.found
+    assert _scancel_calls(log) == []
+
+
+def test_non_utf8_scontrol_output_with_fake_scontrol_on_path(slurm, tmp_path):
+    from notebook_launcher.cluster.slurm import node_addresses
+
+    scontrol = "\"$REAL\" \"$@\"; code=$?\nprintf 'NodeName=\\377n3 NodeAddr=\\376\\n'; exit $code"
+    with _fake_commands(tmp_path, scontrol=scontrol):
+        assert node_addresses(["n1", "n2"]) == ["127.0.0.1", "127.0.0.1"]
+
+
+def test_a_node_list_longer_than_a_command_line_is_read(slurm):
+    """300,000 node names (no two alike, so nothing to compress) in SLURM_JOB_NODELIST: the job is read, and
+    the nodes' addresses asked of scontrol; node lists expand as ``scontrol show hostnames`` does."""
+    from notebook_launcher.cluster.slurm import hostnames, job_from_env, node_addresses
+
+    names = [f"gpu{index}-{index * 7919 % 100_003}" for index in range(300_000)]
+    job = job_from_env({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": ",".join([*names, "n[1-2]"]),
+                        "SLURM_JOB_CPUS_PER_NODE": "4(x300002)"})
+    assert len(job.hosts) == 300_002 and job.hosts[-3:] == [names[-1], "n1", "n2"] and job.cpus["n2"] == 4
+    assert node_addresses(job.hosts)[-3:] == [names[-1], "127.0.0.1", "127.0.0.1"]
+    for expression in ["n[1-2]", "n[009-011],m3", "rack[1-2]-n[01-02]", "a,b c", "n[8-11,3]"]:
+        assert hostnames(expression) == slurm.run(["scontrol", "show", "hostnames", expression]).stdout.split()
+
+
+def test_a_slurm_command_that_does_not_answer_is_killed_with_its_children(tmp_path):
+    from notebook_launcher.cluster.slurm import SlurmError, run_slurm
+
+    command = tmp_path / "squeue"
+    command.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path / 'child'}\nwait\n")
+    command.chmod(0o755)
+    with pytest.raises(SlurmError, match="did not answer in 3 s"):
+        run_slurm([str(command)], timeout=3)
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}"), "the command's child was left running"

@@ -28,14 +28,14 @@ import subprocess
 import time
 
 from ..errors import LaunchArgumentError
-from .slurm import STEP_NAME, SlurmError, SlurmJob, job_from_fields, run_slurm, slurm_env
+from .slurm import STEP_NAME, SlurmError, SlurmJob, checked_id, job_from_fields, run_slurm, scancel, slurm_env
 
 _MARK = "NOTEBOOK-LAUNCHER-ALLOCATION"
 HOLDER = (f'printf "{_MARK} %s %s %s\\n" "$SLURM_JOB_ID" "$SLURM_JOB_NODELIST" "$SLURM_JOB_CPUS_PER_NODE"; '
           f'exec cat >/dev/null')
 POLL_S = 2.0  # squeue's reason is asked this often while the job waits
 RELEASE_S = 30.0  # how long salloc may take to give the allocation back
-_JOB_ID = re.compile(r"(?:Pending job allocation|Granted job allocation|job) (\d+)")
+_JOB_ID = re.compile(r"(?:Pending job allocation|Granted job allocation|job) ([0-9]+)")
 
 
 class Allocation:
@@ -114,13 +114,14 @@ class Allocation:
         if stream == "stdout":
             words = line.split()
             if len(words) == 4 and words[0] == _MARK:
-                self.job_id, self.granted = words[1], True
+                self.granted = True
                 try:
                     job = job_from_fields(words[1], words[2], words[3])
                 except SlurmError as exc:
                     self.release()
-                    raise LaunchArgumentError(f"Slurm job {words[1]} was granted, but its nodes {words[2]!r} could "
-                                              f"not be read ({exc}); it was given back") from None
+                    raise LaunchArgumentError(f"Slurm job {self.job_id or words[1]!r} was granted, but it cannot be "
+                                              f"used ({exc}); it was given back") from None
+                self.job_id = job.job_id
                 self.note(f"Slurm job {job.job_id} granted: {', '.join(job.hosts)}")
                 return job
             return None
@@ -136,7 +137,8 @@ class Allocation:
 
     def _poll_reason(self) -> None:
         try:
-            text = run_slurm(["squeue", "-h", "-j", self.job_id, "-o", "%T|%r"], timeout=15).strip()
+            text = run_slurm(["squeue", "-h", f"--jobs={checked_id(self.job_id)}", "-o", "%T|%r"],
+                             timeout=15).strip()
         except SlurmError:
             return
         state, _, reason = text.partition("|")
@@ -146,11 +148,17 @@ class Allocation:
                       f"timeout= cancels it: scancel {self.job_id})")
 
     def _refused(self) -> None:
-        """salloc ended without a job: Slurm refused it (or it was cancelled from outside)."""
+        """salloc ended without running the holder: Slurm refused the job, it was cancelled from outside, or an
+        option stopped salloc from running it (``--no-shell``). A job it was granted is cancelled."""
         errors = [line.removeprefix("salloc: ") for line in self.said if "error" in line or "unrecognized" in line
                   or "invalid" in line.lower()] or [line.removeprefix("salloc: ") for line in self.said[-3:]]
         said = "; ".join(errors) or f"salloc exited with code {self.process.returncode}"
-        self._reap()
+        self.release()
+        if self.job_id is not None and any("Granted job allocation" in line for line in self.said):
+            raise LaunchArgumentError(f"slurm_options={self.asked!r}: salloc was granted job {self.job_id} but ended "
+                                      f"without running the launch on it (salloc {' '.join(self.options)}: {said}); "
+                                      f"the job was cancelled. Leave out the options that change what salloc runs "
+                                      f"(--no-shell): the launch needs salloc to hold the job while it runs")
         raise LaunchArgumentError(f"slurm_options={self.asked!r}: Slurm refused the allocation (salloc "
                                   f"{' '.join(self.options)}): {said}. Fix the option it names (`salloc --help` "
                                   f"lists them; `sinfo` shows the partitions)")
@@ -179,16 +187,20 @@ class Allocation:
             raise KeyboardInterrupt
 
     def _release(self) -> None:
+        """Given back by the holder's end when it ran; otherwise a job whose id is known is cancelled, whatever
+        salloc did meanwhile (each step bounded: RELEASE_S, and run_slurm's timeout)."""
         process = self.process
         if process is None or self._released:
             return
         self._released = True
+        given_back = False
         if self.granted and process.poll() is None:
             with contextlib.suppress(OSError):
                 process.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=RELEASE_S)
-        if process.poll() is None:
+            given_back = process.poll() is not None
+        if not given_back:
             self.cancel()
         self._reap()
 
@@ -198,7 +210,7 @@ class Allocation:
         process = self.process
         if self.job_id is not None:
             with contextlib.suppress(SlurmError):
-                run_slurm(["scancel", "--quiet", self.job_id])
+                scancel(self.job_id)
         elif process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGTERM)

@@ -12,9 +12,11 @@ the order of its nodes in the job, so the kernel lists the hosts in that order a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 
@@ -26,6 +28,11 @@ _TIMEOUT_S = 30  # a Slurm command that answers nothing in this long: slurmctld 
 _JOB_ENV = re.compile(r"(SLURM|SRUN|SALLOC|SBATCH)_")
 _KEEP_ENV = ("SLURM_CONF", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT", "SLURM_CONF_SERVER")
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+_ID = re.compile(r"[0-9]+(?:_[0-9]+)?(?:\.[0-9]+)?")  # job 1234, array task 1234_7, step 1234.0
+_NODE = re.compile(r"(?:[^,\s\[\]]|\[[^\[\]]*\])+")  # one name of a node list, its [ranges] included
+_NODELIST = re.compile(rf"[,\s]*(?:{_NODE.pattern}(?:[,\s]+{_NODE.pattern})*)?[,\s]*")
+MAX_HOSTS = 1_000_000  # nodes in one node list (the largest clusters have ~10^5)
+_ARG_MAX = 100_000  # characters of node names on one command line (Linux takes up to 131072 in one argument)
 SALLOC_FIX = ("run the notebook inside an allocation (a batchspawner server, or a kernel started under salloc), or "
               "pass slurm_options=[...] (salloc's options, e.g. ['--nodes=2', '--time=30']) to ask Slurm for one")
 
@@ -50,19 +57,52 @@ def slurm_env(environ=None) -> dict[str, str]:
     return {name: value for name, value in environ.items() if not _JOB_ENV.match(name) or name in _KEEP_ENV}
 
 
+def checked_id(value, what: str = "Slurm job id") -> str:
+    """A job or step id as Slurm writes it (``1234``, ``1234_7`` for an array task, ``1234.0`` for a step), or a
+    SlurmError: an id read from Slurm's output or the environment reaches no command line unchecked."""
+    text = str(value).strip()
+    if not _ID.fullmatch(text):
+        raise SlurmError(f"{what} {value!r} is not a Slurm job or step id (digits, e.g. 1234 or 1234.0)")
+    return text
+
+
 def run_slurm(command: list[str], timeout: float = _TIMEOUT_S) -> str:
-    """A Slurm command's stdout, or SlurmError with what it said on stderr."""
+    """A Slurm command's stdout, or SlurmError with what it said on stderr. Its output is decoded with
+    replacement (a node's name or a reason in another encoding is no error); it runs in a session of its own,
+    and a command that does not answer in ``timeout`` is killed with whatever it started."""
     try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=slurm_env(),
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=slurm_env(), start_new_session=True)
     except FileNotFoundError:
         raise SlurmError(f"{command[0]} is not installed here") from None
+    except OSError as exc:  # E2BIG: a command line too long
+        raise SlurmError(f"`{command[0]}` could not start ({exc.strerror})") from None
+    try:
+        out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_group(process)
         raise SlurmError(f"`{' '.join(command)}` did not answer in {timeout:g} s (is slurmctld reachable?)") from None
-    if completed.returncode != 0:
-        said = " ".join(line.strip() for line in completed.stderr.splitlines() if line.strip())
-        raise SlurmError(said or f"`{' '.join(command)}` exited with code {completed.returncode}")
-    return completed.stdout
+    except BaseException:
+        _kill_group(process)
+        raise
+    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    if process.returncode != 0:
+        said = " ".join(line.strip() for line in stderr.splitlines() if line.strip())
+        raise SlurmError(said or f"`{' '.join(command)}` exited with code {process.returncode}")
+    return stdout
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    for pipe in (process.stdout, process.stderr):
+        pipe.close()
+
+
+def scancel(*ids: str) -> None:
+    """Cancel jobs or steps by id (each checked, after ``--``); SlurmError if scancel fails."""
+    run_slurm(["scancel", "--quiet", "--", *(checked_id(one) for one in ids)])
 
 
 def expand_counts(text: str) -> list[int]:
@@ -77,30 +117,66 @@ def expand_counts(text: str) -> list[int]:
 
 
 def hostnames(nodelist: str) -> list[str]:
-    """``n[1-2],m3`` → ``["n1", "n2", "m3"]`` (``scontrol show hostnames``), in Slurm's order."""
-    return run_slurm(["scontrol", "show", "hostnames", nodelist]).split()
+    """``n[1-2],m3`` → ``["n1", "n2", "m3"]``, in Slurm's order, as ``scontrol show hostnames`` expands it; here,
+    because a job's node list may be longer than a command line takes. A SlurmError if it is not a node list or
+    names more than MAX_HOSTS nodes."""
+    text = nodelist or ""
+    if not _NODELIST.fullmatch(text):
+        raise SlurmError(f"{_short(text)!r} is not a Slurm node list (e.g. n[1-4,7],gpu01)")
+    hosts: list[str] = []
+    for piece in _NODE.findall(text):
+        parts = re.split(r"\[([^\[\]]*)\]", piece)  # prefix, ranges, infix, ranges, ..., suffix
+        names = [parts[0]]
+        for ranges, after in zip(parts[1::2], parts[2::2]):
+            numbers = _numbers(ranges, text)
+            if len(names) * len(numbers) + len(hosts) > MAX_HOSTS:
+                raise SlurmError(f"the node list {_short(text)!r} names more than {MAX_HOSTS} nodes")
+            names = [name + number + after for name in names for number in numbers]
+        hosts += names
+    return hosts
 
 
-def job_from_fields(job_id: str, nodelist: str, cpus_per_node: str) -> SlurmJob:
+def _numbers(ranges: str, text: str) -> list[str]:
+    """``01-03,7`` → ``["01", "02", "03", "7"]`` (zero-padded to the width of each range's first number)."""
+    numbers: list[str] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        if not first.isascii() or not first.isdigit() or (last and (not last.isascii() or not last.isdigit())):
+            raise SlurmError(f"{_short(text)!r} is not a Slurm node list: [{ranges}] is not a list of numbers")
+        low, high = int(first), int(last or first)
+        if high < low or high - low + len(numbers) > MAX_HOSTS:
+            raise SlurmError(f"{_short(text)!r} is not a Slurm node list: the range {part} is empty or too long")
+        numbers += [str(number).zfill(len(first)) for number in range(low, high + 1)]
+    return numbers
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def job_from_fields(job_id: str, nodelist: str, cpus_per_node: str, source: str = "Slurm job id") -> SlurmJob:
+    job_id = checked_id(job_id, source)
     hosts = hostnames(nodelist)
     cpus = expand_counts(cpus_per_node)
-    return SlurmJob(str(job_id), hosts, dict(zip(hosts, cpus)) if len(cpus) == len(hosts) else {})
+    return SlurmJob(job_id, hosts, dict(zip(hosts, cpus)) if len(cpus) == len(hosts) else {})
 
 
 def job_from_env(environ=None) -> SlurmJob | None:
     """The job this process runs in (None outside one)."""
     environ = os.environ if environ is None else environ
-    job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
-    if not job_id:
+    name = "SLURM_JOB_ID" if environ.get("SLURM_JOB_ID") else "SLURM_JOBID"
+    if not environ.get(name):
         return None
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
-    return job_from_fields(job_id, nodelist, environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    return job_from_fields(environ[name], nodelist, environ.get("SLURM_JOB_CPUS_PER_NODE", ""), name)
 
 
 def node_addresses(hosts: list[str]) -> list[str]:
     """The address Slurm reaches each node on (its NodeAddr), in the order of ``hosts``: where the agents'
-    connection back comes from, and where node 0's ranks serve the store."""
-    text = run_slurm(["scontrol", "show", "node", "-o", ",".join(hosts)])
+    connection back comes from, and where node 0's ranks serve the store. (Every node's, when the names are
+    longer than a command line takes.)"""
+    names = ",".join(hosts)
+    text = run_slurm(["scontrol", "--oneliner", "--", "show", "node", *([names] if len(names) <= _ARG_MAX else [])])
     found = {}
     for line in text.splitlines():
         fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
@@ -112,7 +188,7 @@ def node_addresses(hosts: list[str]) -> list[str]:
 def gpus_per_node(job_id: str) -> dict[str, int]:
     """The GPUs the job holds on each node (``scontrol show job -d``: ``Nodes=... GRES=gpu:2(IDX:0-1)``)."""
     gpus: dict[str, int] = {}
-    for line in run_slurm(["scontrol", "show", "job", "-d", str(job_id)]).splitlines():
+    for line in run_slurm(["scontrol", "--details", "--", "show", "job", checked_id(job_id)]).splitlines():
         nodes = re.search(r"\bNodes=(\S+)", line)
         gres = re.search(r"\bGRES=(\S*)", line)
         if not nodes or not gres or "CPU_IDs=" not in line:
@@ -203,8 +279,9 @@ def resolve_srun_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, mpiru
     try:
         job = job_from_env()
     except SlurmError as exc:
-        raise HostFailedError(f"start_hosts_with='srun': the nodes of Slurm job {os.environ.get('SLURM_JOB_ID')} "
-                              f"cannot be read ({exc}); check that Slurm's commands work here (`sinfo`)") from None
+        raise HostFailedError(f"start_hosts_with='srun': the Slurm job this kernel runs in cannot be read ({exc}); "
+                              f"check SLURM_JOB_ID and SLURM_JOB_NODELIST, and that Slurm's commands work here "
+                              f"(`sinfo`)") from None
     if job is None:
         raise LaunchArgumentError(f"start_hosts_with='srun' without slurm_options needs a Slurm allocation, and "
                                   f"this kernel is not in one (SLURM_JOB_ID is not set): {SALLOC_FIX}")
@@ -223,15 +300,9 @@ def resolve_srun_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, mpiru
     return [host for host in job.hosts if host in wanted]  # Slurm's order: task N of the step runs on host N
 
 
-def check_fits(job: SlurmJob, hosts: list[str], num_processes: int, device: str) -> None:
-    """More ranks per node than the job's CPUs (or, on CUDA, its GPUs) on a node: a LaunchArgumentError."""
-    for host in hosts:
-        cpus = job.cpus.get(host)
-        if cpus is not None and num_processes > cpus:
-            raise LaunchArgumentError(
-                f"num_processes={num_processes} ranks per node, but Slurm job {job.job_id} holds {cpus} CPU(s) on "
-                f"{host}: give num_processes={cpus} or less, or ask for more CPUs per node (salloc or slurm_options "
-                f"'--ntasks-per-node={num_processes}' or '--cpus-per-task={num_processes}')")
+def check_fits(job: SlurmJob, hosts: list[str], num_processes: int, device: str) -> str | None:
+    """More ranks per node than the job's GPUs on a node (on CUDA): a LaunchArgumentError. More than its CPUs:
+    the warning to show (ranks may share CPUs; torchrun's pattern, one task per node, does), else None."""
     if device == "cuda":
         gpus = gpus_per_node(job.job_id)
         for host in hosts:
@@ -240,6 +311,14 @@ def check_fits(job: SlurmJob, hosts: list[str], num_processes: int, device: str)
                     f"num_processes={num_processes} ranks per node on CUDA, but Slurm job {job.job_id} holds "
                     f"{gpus.get(host, 0)} GPU(s) on {host}: give num_processes={gpus.get(host, 0) or 1} or less, or "
                     f"ask for GPUs per node (salloc or slurm_options '--gpus-per-node={num_processes}')")
+    short = [f"{host} ({job.cpus[host]})" for host in hosts if job.cpus.get(host, num_processes) < num_processes]
+    if not short:
+        return None
+    more = f" and {len(short) - 5} more nodes" if len(short) > 5 else ""
+    return (f"warning: num_processes={num_processes} ranks per node, more than the CPUs Slurm job {job.job_id} "
+            f"holds on {', '.join(short[:5])}{more}: the ranks share those CPUs. To give each rank its own, ask "
+            f"for them (salloc or slurm_options '--cpus-per-task={num_processes}' with one task per node, or "
+            f"'--ntasks-per-node={num_processes}')")
 
 
 class SrunStart:
@@ -250,6 +329,11 @@ class SrunStart:
     def __init__(self, job: SlurmJob, hosts: list[str], device: str = "cpu"):
         self.job = job
         self.hosts = hosts
+        # all the job's nodes go without --nodelist (a job's node list may be longer than a command line takes)
+        self.nodelist = [] if hosts == job.hosts else [f"--nodelist={','.join(hosts)}"]
+        if len(self.nodelist[0] if self.nodelist else "") > _ARG_MAX:
+            raise SlurmError(f"hosts= names {len(hosts)} nodes, more than srun's command line takes: leave hosts out "
+                             f"(every node of the job)")
         self.addresses = node_addresses(hosts)
         self.gpus = gpus_per_node(job.job_id) if device == "cuda" else {}
         self.command_line: list[str] = []
@@ -261,7 +345,7 @@ class SrunStart:
         gres = [f"--gres=gpu:{min(self.gpus.get(host, 0) for host in self.hosts)}"] if self.gpus else []
         self.command_line = [shutil.which("srun") or "srun", f"--jobid={self.job.job_id}", f"--job-name={STEP_NAME}",
                              "--overlap", "--nodes", count, "--ntasks", count, "--ntasks-per-node=1",
-                             f"--nodelist={','.join(self.hosts)}", "--kill-on-bad-exit=0", "--input=none",
+                             *self.nodelist, "--kill-on-bad-exit=0", "--input=none",
                              *gres, *agent]
         return self.command_line
 
@@ -278,16 +362,25 @@ class SrunStart:
                 f"back to it).")
 
 
-def cancel_steps(job_id: str) -> list[str]:
-    """Cancel the steps of ours still in ``job_id`` (squeue lists them by name); returns the ids cancelled."""
+def job_state(job_id: str) -> str:
+    """What squeue says of the job (``RUNNING``, ``SUSPENDED``, ...); "" when it cannot say."""
     try:
-        text = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"])
+        return run_slurm(["squeue", "-h", f"--jobs={checked_id(job_id)}", "-o", "%T"], timeout=10).strip()
+    except SlurmError:
+        return ""
+
+
+def cancel_steps(job_id: str) -> list[str]:
+    """Cancel the steps of ours still in ``job_id`` (squeue lists them by name); returns the ids cancelled. Only
+    ids of steps of that job are taken from squeue's answer."""
+    job_id = checked_id(job_id)
+    try:
+        text = run_slurm(["squeue", "-h", "-s", f"--jobs={job_id}", "-o", "%i %j"])
     except SlurmError:
         return []
-    steps = [line.split()[0] for line in text.splitlines() if line.split()[1:] == [STEP_NAME]]
-    for step in steps:
-        try:
-            run_slurm(["scancel", "--quiet", step])
-        except SlurmError:
-            pass
+    steps = [words[0] for words in map(str.split, text.splitlines()) if words[1:] == [STEP_NAME]
+             and _ID.fullmatch(words[0]) and words[0].startswith(f"{job_id}.")]
+    if steps:
+        with contextlib.suppress(SlurmError):
+            scancel(*steps)
     return steps

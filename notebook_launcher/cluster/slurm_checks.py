@@ -28,7 +28,8 @@ def slurm_checks() -> list[Check]:
         job = job_from_env()
         gpus = gpus_per_node(job.job_id)
     except SlurmError as exc:
-        return [Check("Slurm job", PROBLEM, f"job {job_id}: {exc}", "check that slurmctld is reachable from here")]
+        return [Check("Slurm job", PROBLEM, f"job {job_id!r}: {exc}", "check SLURM_JOB_ID and SLURM_JOB_NODELIST, and "
+                      "that slurmctld is reachable from here")]
     per_node = ", ".join(f"{host}: {job.cpus.get(host, '?')} CPUs, {gpus.get(host, 0)} GPUs" for host in job.hosts)
     tasks = os.environ.get("SLURM_NTASKS", "?")
     checks = [Check("Slurm job", OK, f"job {job.job_id}: {len(job.hosts)} node(s), {tasks} task(s); {per_node}")]
