@@ -10,7 +10,17 @@ from __future__ import annotations
 import marshal
 
 from .datacheck import bounds_problem, data_problem
-from .events import FRAME_HEADER, LOG, LOG_FRAME, RECORD_FRAME_FIELDS, RECORD_FRAME_TYPES, RESULT, TEXT_STREAMS, Event
+from .events import (
+    FRAME_HEADER,
+    LOG,
+    LOG_FRAME,
+    RECORD_FRAME_FIELDS,
+    RECORD_FRAME_TYPES,
+    RESULT,
+    TEXT_STREAMS,
+    Event,
+    wire_safe,
+)
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
 MAX_NESTING = 64  # lists and dicts within each other in an event's data
@@ -26,7 +36,9 @@ class FrameDecoder:
 
     Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
     ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises.
-    A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
+    Text in a frame is passed on as UTF-8 can carry it: a lone surrogate that a writer other than ``EventWriter``
+    left in (which escapes them at the source) becomes its backslash escape here (``events.wire_text``), so none
+    reaches jupyter_client or print(). A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
     buffers that ``sinks`` gives for it (by default one bytearray; a size instead of a buffer: the attachment's
     ``part(index)`` makes it when its first byte arrives), so a large result is copied once, not grown and copied
     again. ``refused_kinds``: kinds that only the kernel makes (a rank's pipe may not carry them);
@@ -93,6 +105,8 @@ class FrameDecoder:
                 except (ValueError, EOFError, TypeError):
                     break  # (_next_header says why)
                 check_header(header, 0, refused, rank_pipe)
+                if buffer.find(b"\xed", at + size, end) >= 0:  # maybe a lone surrogate, from a writer not ours
+                    header = wire_safe(header)
                 frames.append((header, b""))
                 at = end
         self._at = at
@@ -113,6 +127,8 @@ class FrameDecoder:
         except (ValueError, EOFError, TypeError) as exc:
             raise CorruptFrame(f"an undecodable frame header ({exc})") from None
         check_header(header, attachment_len, self._refused, self._rank_pipe)
+        if self._buffer.find(b"\xed", at + FRAME_HEADER.size, end) >= 0:
+            header = wire_safe(header)
         attachment, parts = b"", []
         if attachment_len:
             try:
