@@ -262,6 +262,13 @@ def _cut(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
+def data_within_bounds(data: dict) -> bool:
+    """Whether an event's ``data`` is within the reader's bounds where a frame carries it (nesting, 64-bit ints):
+    the writer's test of a value of the user's before it sends it (a display's bundle), so the rank sends what
+    the kernel reads instead of failing as a corrupt stream."""
+    return _within_bounds({"data": data})
+
+
 def _within_bounds(value, depth: int = 0) -> bool:
     """No int beyond 64 bits (Python will not even write a long enough one as text: the kernel would raise where
     it shows or logs it) and no nesting deeper than ``MAX_NESTING``, anywhere in ``value``. (Strings, floats and
