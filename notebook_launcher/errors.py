@@ -15,7 +15,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .schema.errors import NotebookLauncherError
-from .schema.events import wire_text
+from .schema.wiretext import wire_text
 
 
 class LaunchArgumentError(NotebookLauncherError, ValueError):

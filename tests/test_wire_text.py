@@ -17,7 +17,8 @@ from test_rich_output import _env, _rank_outputs, kernel_with_log
 
 from notebook_launcher import RankFailedError, ResultUnavailableError, last_run, notebook_launcher
 from notebook_launcher.schema.decoding import FrameDecoder
-from notebook_launcher.schema.events import DISPLAY, EventWriter, encode_frame, wire_safe, wire_text
+from notebook_launcher.schema.events import DISPLAY, EventWriter, encode_frame
+from notebook_launcher.schema.wiretext import wire_safe, wire_text
 
 ESCAPED = "\\ud800"  # what a rank's "\ud800" arrives as: six characters
 NOTE = "held lone surrogates such as \\ud800"

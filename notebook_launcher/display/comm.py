@@ -28,7 +28,7 @@ import json
 import threading
 from collections import OrderedDict
 
-from ..schema.events import wire_safe
+from ..schema.wiretext import wire_safe
 
 TARGET = "notebook_launcher.panel"
 KEEP_ENDED = 20  # ended runs whose final state a late panel (a reload after the end) can still get

@@ -22,7 +22,8 @@ import os
 import re
 import time
 
-from ..schema.events import DISPLAY, Event, wire_safe
+from ..schema.events import DISPLAY, Event
+from ..schema.wiretext import wire_safe
 from .budget import SAVED_BYTES, bounded_bundle
 from .comm import PanelChannel, panel_channel, send
 from .delta import DeltaTracker

@@ -21,9 +21,9 @@ from ..schema.events import (
     STREAM,
     TEXT_ESCAPED,
     Event,
-    wire_text,
 )
 from ..schema.lines import LogRecords, StreamLines
+from ..schema.wiretext import wire_text
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 

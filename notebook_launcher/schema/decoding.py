@@ -19,8 +19,8 @@ from .events import (
     RESULT,
     TEXT_STREAMS,
     Event,
-    wire_safe,
 )
+from .wiretext import wire_safe
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
 MAX_NESTING = 64  # lists and dicts within each other in an event's data
@@ -36,9 +36,11 @@ class FrameDecoder:
 
     Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
     ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises.
-    Text in a frame is passed on as UTF-8 can carry it: a lone surrogate that a writer other than ``EventWriter``
-    left in (which escapes them at the source) becomes its backslash escape here (``events.wire_text``), so none
-    reaches jupyter_client or print(). A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
+    Text in a frame is passed on as UTF-8 can carry it: a lone surrogate that a writer other than
+    ``EventWriter`` left in (which escapes them at the source) becomes its backslash escape here
+    (``wiretext``), so none reaches jupyter_client or print().
+
+    A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
     buffers that ``sinks`` gives for it (by default one bytearray; a size instead of a buffer: the attachment's
     ``part(index)`` makes it when its first byte arrives), so a large result is copied once, not grown and copied
     again. ``refused_kinds``: kinds that only the kernel makes (a rank's pipe may not carry them);
