@@ -20,7 +20,7 @@ from .events import (
     TEXT_STREAMS,
     Event,
 )
-from .wiretext import wire_safe
+from .wiretext import SURROGATE_BYTES, wire_safe
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
 MAX_NESTING = 64  # lists and dicts within each other in an event's data
@@ -36,9 +36,10 @@ class FrameDecoder:
 
     Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
     ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises.
-    Text in a frame is passed on as UTF-8 can carry it: a lone surrogate that a writer other than
-    ``EventWriter`` left in (which escapes them at the source) becomes its backslash escape here
-    (``wiretext``), so none reaches jupyter_client or print().
+    Text in an event is passed on as UTF-8 can carry it: a lone surrogate that a writer other than
+    ``EventWriter`` left in a dict frame (the writer escapes them at the source) becomes its backslash escape here
+    (``wiretext``), so none reaches jupyter_client or print(); a compact frame's (a print's, a record's) is
+    escaped where it is shown, at no cost to the reader's hot path.
 
     A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
     buffers that ``sinks`` gives for it (by default one bytearray; a size instead of a buffer: the attachment's
@@ -107,8 +108,9 @@ class FrameDecoder:
                 except (ValueError, EOFError, TypeError):
                     break  # (_next_header says why)
                 check_header(header, 0, refused, rank_pipe)
-                if buffer.find(b"\xed", at + size, end) >= 0:  # maybe a lone surrogate, from a writer not ours
-                    header = wire_safe(header)
+                if type(header) is dict and SURROGATE_BYTES.search(buffer, at + size, end):
+                    header = wire_safe(header)  # (a lone surrogate, maybe, from a writer not ours; compact frames:
+                    # their text is escaped by the LineSplitter and where the displays write it, see wiretext)
                 frames.append((header, b""))
                 at = end
         self._at = at
@@ -129,7 +131,7 @@ class FrameDecoder:
         except (ValueError, EOFError, TypeError) as exc:
             raise CorruptFrame(f"an undecodable frame header ({exc})") from None
         check_header(header, attachment_len, self._refused, self._rank_pipe)
-        if self._buffer.find(b"\xed", at + FRAME_HEADER.size, end) >= 0:
+        if SURROGATE_BYTES.search(self._buffer, at + FRAME_HEADER.size, end):
             header = wire_safe(header)
         attachment, parts = b"", []
         if attachment_len:

@@ -89,6 +89,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .wiretext import MAYBE_SURROGATE as _MAYBE_SURROGATE
 from .wiretext import escaped as _escaped
 
 SCHEMA_VERSION = 1
@@ -276,7 +277,7 @@ class EventWriter:
             data = data or {}
             header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": seq, "time": time.monotonic(),
                                     "kind": kind, "data": data}, MARSHAL_VERSION)
-            safe = _escaped(data, header)
+            safe = _escaped(data, header) if _MAYBE_SURROGATE in header else None
             if safe is not None:
                 data = safe
                 header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": seq,
@@ -296,7 +297,7 @@ class EventWriter:
         with self._lock:
             self._seq = seq = self._seq + 1
             header = marshal.dumps((LOG_FRAME, time.monotonic(), *values, seq), MARSHAL_VERSION)
-            safe = _escaped(values, header)
+            safe = _escaped(values, header) if _MAYBE_SURROGATE in header else None
             if safe is not None:
                 values = safe
                 header = marshal.dumps((LOG_FRAME, time.monotonic(), *values, seq), MARSHAL_VERSION)
@@ -312,7 +313,7 @@ class EventWriter:
         costs both ends a third of the event's dict (the kernel times and numbers the lines it cuts from it)."""
         with self._lock:
             header = marshal.dumps((stream, text), MARSHAL_VERSION)
-            safe = _escaped(text, header)
+            safe = _escaped(text, header) if _MAYBE_SURROGATE in header else None
             if safe is not None:
                 text = safe
                 header = marshal.dumps((stream, text), MARSHAL_VERSION)
@@ -340,7 +341,7 @@ class EventWriter:
             size = sum(memoryview(part).nbytes for part in parts)
             header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": self._seq,
                                     "time": time.monotonic(), "kind": kind, "data": data}, MARSHAL_VERSION)
-            safe = _escaped(data, header)
+            safe = _escaped(data, header) if _MAYBE_SURROGATE in header else None
             if safe is not None:
                 header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": self._seq,
                                         "time": time.monotonic(), "kind": kind, "data": safe}, MARSHAL_VERSION)

@@ -9,7 +9,11 @@ display escape what another writer left, as the last line of defence.
 
 from __future__ import annotations
 
-_MAYBE_SURROGATE = b"\xed"  # the first byte of a surrogate in marshal's UTF-8 (surrogatepass): ED A0..BF xx
+import re
+
+MAYBE_SURROGATE = 0xED  # the first byte of a surrogate in marshal's UTF-8 (surrogatepass): ED A0..BF xx
+# (an int: `0xED in header` is one memchr, 40 ns; `b"\xed" in header` costs ten times that)
+SURROGATE_BYTES = re.compile(b"\xed[\xa0-\xbf]")  # (a float's bytes hold 0xED in one frame of twenty: this says)
 
 
 def wire_text(text: str) -> str:
@@ -47,7 +51,7 @@ def escaped(content, header: bytes):
     """``content`` (what ``header`` is the marshal of) with its lone surrogates escaped, or None when it has
     none. One search of the header's bytes for the byte every surrogate starts with: the usual event costs
     nothing more."""
-    if _MAYBE_SURROGATE not in header:
+    if MAYBE_SURROGATE not in header or SURROGATE_BYTES.search(header) is None:
         return None
     try:
         safe = wire_safe(content)
