@@ -8,7 +8,6 @@ beyond 64 bits goes as its text; IPython's and ipywidgets' calls on a rank's dis
 from __future__ import annotations
 
 import json
-import sys
 
 import psutil
 import pytest
@@ -190,8 +189,7 @@ def test_surrogates_in_a_kernel_reach_the_panel_escaped_and_the_kernel_answers(t
             assert [m["content"]["data"]["text/plain"] for m in outputs if m["msg_type"] == "execute_result"] \
                 == ["'rank 0'"]
             panel = _panel(outputs)
-            assert [note for note in panel["notes"] if NOTE in note] and \
-                len([note for note in panel["notes"] if NOTE in note]) == 1, panel["notes"]
+            assert len([note for note in panel["notes"] if NOTE in note]) == 1, panel["notes"]  # once per run
             for rank in (0, 1):
                 lines = "\n".join(_panel_lines(panel, rank))
                 assert f"shown by rank {rank} {ESCAPED}" in lines and f"logged by rank {rank} {ESCAPED}" in lines
@@ -262,4 +260,3 @@ def test_ipython_and_ipywidgets_calls_in_a_rank_work_and_every_display_arrives(t
         _assert_ok(reply, outputs)
         assert "still here" in _stream(outputs)
     assert "from fork" not in log_path.read_text()
-    assert sys.modules.get("notebook_launcher") is not None
