@@ -15,6 +15,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .schema.errors import NotebookLauncherError
+from .schema.wiretext import wire_text
 
 
 class LaunchArgumentError(NotebookLauncherError, ValueError):
@@ -65,6 +66,7 @@ class ResultUnavailableError(NotebookLauncherError, RuntimeError):
     (the Run; the other ranks' results are in ``run.results``)."""
 
     def __init__(self, rank: int, type_name: str, reason: str, run):
+        reason = wire_text(reason)  # (the unpickling's own error: a lone surrogate would break Jupyter's reply)
         super().__init__(f"rank {rank} finished, but its return value (a {type_name}) could not be rebuilt in the "
                          f"kernel: {reason}. Return plain data (tensors, numbers, dicts, a state_dict), or types "
                          f"importable in the notebook.")

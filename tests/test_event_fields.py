@@ -37,6 +37,7 @@ VALID = {
                 "step_source": "report", "final": False, "peak_rss": 1000, "cuda": None},
     "display": {"op": "display", "display_id": "crafted", "wait": False, "omitted": ["text/html"], "bytes": 9,
                 "data": {"text/plain": "'crafted'"}, "metadata": {}},
+    "text_escaped": {"route": "log"},
 }
 NAN = float("nan")
 WRONG = [7, 2.5, "text", True, None, [1, 2], {"a": 1}, (1, 2)]

@@ -28,6 +28,8 @@ import json
 import threading
 from collections import OrderedDict
 
+from ..schema.wiretext import wire_safe
+
 TARGET = "notebook_launcher.panel"
 KEEP_ENDED = 20  # ended runs whose final state a late panel (a reload after the end) can still get
 
@@ -42,9 +44,10 @@ def send(comm, message: dict) -> None:
     try:
         packed = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):  # a NaN, an infinity, a value JSON does not know:
-        comm.send(message)  # as Jupyter sends any message, cleaning them
+        comm.send(wire_safe(message))  # as Jupyter sends any message, cleaning them
         return
-    comm.send({"type": message.get("type"), "packed": "json"}, buffers=[packed.encode("utf-8", "surrogatepass")])
+    # (a lone surrogate, which no UTF-8 carries, goes as its JSON escape: the last line of defence, see wire_text)
+    comm.send({"type": message.get("type"), "packed": "json"}, buffers=[packed.encode("utf-8", "backslashreplace")])
 
 
 def unpack(data: dict, buffers: list) -> dict:

@@ -31,11 +31,12 @@ from ..schema.events import (
     SHAPE_MISMATCH,
     STATUS,
     STREAM,
+    TEXT_ESCAPED,
     TRIGGER,
 )
 
 MAX_DATA_CHARS = 2000  # an unknown kind's data, as JSON, is cut here (the run log has it all)
-LAUNCHER_KINDS = (LAUNCHER, OOM_RETRY, RESTART, HANG_NOTICE)  # the launcher's own lines: no rank prefix
+LAUNCHER_KINDS = (LAUNCHER, OOM_RETRY, RESTART, HANG_NOTICE, TEXT_ESCAPED)  # the launcher's own lines: no rank prefix
 STDERR_KINDS = ("stderr", FAILURE, EXIT)  # descriptions whose lines go to stderr: a rank's stderr, failures, kills
 
 
@@ -239,9 +240,16 @@ def _display(data: dict, rank: int | None) -> Description:
     return Description(DISPLAY, "", 0, shown, "", (shown,))
 
 
+def _text_escaped(data: dict, rank: int | None) -> Description:
+    """A rank escaped lone surrogates in its text (``events.wire_text``); the displays say it once per run."""
+    text = (f"text of rank {rank} ({data.get('route')}) held lone surrogates such as \\ud800, which UTF-8 cannot "
+            "carry: each is shown as its backslash escape, in every rank's text")
+    return Description(TEXT_ESCAPED, "", 0, text, "", (launcher_line(text),))
+
+
 _KINDS: dict[str, Callable[[dict, Any], Description | None]] = {
     STREAM: _stream, OUTPUT: _output, LOG: _log, FAILURE: _failure, EXIT: _exit, STATUS: _status, RESULT: _result,
     LAUNCHER: _launcher, PROGRESS: _progress, BALANCE: _balance, SHAPE_MISMATCH: _shape_mismatch, TRIGGER: _trigger,
     BATCH_SIZE: _batch_size, OOM_RETRY: _oom_retry, RESTART: _restart, HANG_NOTICE: _hang_notice,
-    DISPLAY: _display,
+    DISPLAY: _display, TEXT_ESCAPED: _text_escaped,
 }

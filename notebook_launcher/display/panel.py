@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from ..schema.events import DISPLAY, Event
+from ..schema.wiretext import wire_safe
 from .budget import SAVED_BYTES, bounded_bundle
 from .comm import PanelChannel, panel_channel, send
 from .delta import DeltaTracker
@@ -41,6 +43,7 @@ TICK_EVERY_S = 0.02  # a burst of events looks at the listeners once per this, n
 _UNSET = object()
 DISPLAY_ENV_VAR = "NOTEBOOK_LAUNCHER_DISPLAY"
 DISPLAYS = ("auto", "panel", "text")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone one: jupyter_client's packer and print() raise on it
 
 
 def in_jupyter_kernel() -> bool:
@@ -182,11 +185,14 @@ class PanelDisplay(FinishingDisplay):
 
         if not InteractiveShell.initialized():  # display="panel" outside IPython: the end state, as text
             if final:
-                self.last_bundle = self.bundle(limit)
+                self.last_bundle = wire_safe(self.bundle(limit))
                 print(self.last_bundle["text/plain"], flush=True)
             return
         bundle = self.bundle(limit)
-        size = len(json.dumps(bundle[MIME_TYPE])) + len(bundle["text/html"]) + len(bundle["text/plain"])
+        state = json.dumps(bundle[MIME_TYPE], ensure_ascii=False)
+        if any(_SURROGATE.search(text) for text in (state, bundle["text/html"], bundle["text/plain"])):
+            bundle = wire_safe(bundle)  # (the last line of defence: the ranks' writer and the reader escape them)
+        size = len(state) + len(bundle["text/html"]) + len(bundle["text/plain"])
         self._interval = max(1.0 / MAX_UPDATES_PER_S, size / MAX_BYTES_PER_S)
         if self._handle is None:
             self._handle = display(bundle, raw=True, display_id=True)

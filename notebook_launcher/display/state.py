@@ -34,6 +34,7 @@ from ..schema.events import (
     SHAPE_MISMATCH,
     STATUS,
     STREAM,
+    TEXT_ESCAPED,
     TRIGGER,
     Event,
 )
@@ -89,6 +90,7 @@ class RunState:
         self._balance_book = BalanceBook()
         self._balance_due = 0.0
         self._line_count = 0
+        self._text_escaped = False  # the note of TEXT_ESCAPED is made (once per run)
         self.changes = 0  # bumped by every change, so a display knows when to publish
 
     # -- events ------------------------------------------------------------------------------------------------
@@ -269,6 +271,12 @@ class RunState:
             {"rank": event.rank, "t": self._t(event), "attempt": self.attempt,
              "call_site": event.data.get("call_site")})
 
+    def _on_text_escaped(self, event: Event) -> None:
+        """A rank escaped lone surrogates in its text: one note for the run, whichever ranks did."""
+        if not self._text_escaped:
+            self._text_escaped = True
+            self.note(describe(TEXT_ESCAPED, event.data, event.rank).text)
+
     def _on_launcher(self, event: Event) -> None:
         self.note(str(event.data.get("text", "")))
 
@@ -414,5 +422,5 @@ _HANDLERS = {
     SHAPE_MISMATCH: RunState._on_shape_mismatch, OOM_RETRY: RunState._on_oom_retry,
     BATCH_SIZE: RunState._on_batch_size, TRIGGER: RunState._on_trigger, LAUNCHER: RunState._on_launcher,
     RESTART: RunState._on_restart, HANG_NOTICE: RunState._on_hang_notice, BALANCE: RunState._on_balance,
-    DISPLAY: RunState._on_display,
+    DISPLAY: RunState._on_display, TEXT_ESCAPED: RunState._on_text_escaped,
 }

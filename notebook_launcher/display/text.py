@@ -19,9 +19,11 @@ from ..schema.events import (
     RECORD_LOGGER,
     RECORD_MESSAGE,
     STREAM,
+    TEXT_ESCAPED,
     Event,
 )
 from ..schema.lines import LogRecords, StreamLines
+from ..schema.wiretext import wire_text
 from .describe import LAUNCHER_KINDS, STDERR_KINDS, describe, launcher_line, log_line
 from .protocol import Display
 
@@ -56,6 +58,10 @@ class TextDisplay(Display):
             if event.data.get("all_ranks_raise") and said.text in self._said:
                 return  # every rank raises the same error (debug mode): it is shown once
             self._said.add(said.text)
+        elif event.kind == TEXT_ESCAPED:
+            if TEXT_ESCAPED in self._said:
+                return  # once per run, whichever ranks escaped text
+            self._said.add(TEXT_ESCAPED)
         lines = said.said
         prefix = "" if said.kind in LAUNCHER_KINDS else self._prefixes.get(event.rank) or self.prefix(event.rank)
         text = f"{prefix}{lines[0]}\n" if len(lines) == 1 else "".join(f"{prefix}{line}\n" for line in lines)
@@ -98,7 +104,7 @@ class TextDisplay(Display):
         if stream != self._last_stream:
             (sys.stderr if self._last_stream == "stderr" else sys.stdout).flush()
             self._last_stream = stream
-        (sys.stderr if stream == "stderr" else sys.stdout).write(text)
+        (sys.stderr if stream == "stderr" else sys.stdout).write(wire_text(text))  # (the last line of defence)
 
     def retarget(self, node_rank: int, ranks) -> None:
         """The rendezvous gave this node its rank (c10d): prefixes use the new local ranks."""

@@ -8,12 +8,16 @@ shell's publisher and hook are replaced by ones that send each bundle on the ran
 rank 0's in the cell (``display/rich.py``). A spawned rank of a launch from a kernel (``ENV_VAR``) gets a small
 shell of its own with the same publisher, so ``display()`` and ``%matplotlib inline`` figures work there too.
 
-Bounded in the rank: a bundle over ``MAX_BUNDLE_BYTES`` keeps only its text; past ``MAX_RANK_BYTES`` in a run
+Bounded in the rank: a bundle over ``MAX_BUNDLE_BYTES``, or one the kernel's reader would refuse (JSON nested
+deeper than ``decoding.MAX_NESTING``, an int beyond 64 bits) keeps only its text; past ``MAX_RANK_BYTES`` in a run
 (or ``MAX_RANK_DISPLAYS`` bundles) bundles go as text only, then not at all, and one line on stderr says how
 many were left out. Updates of one display id go at most every ``UPDATE_EVERY_S`` (the newest one wins; the
 last goes at the rank's end). Widgets cannot live in a rank (their state needs the kernel): ``tqdm.auto`` and
 ``tqdm.notebook`` draw tqdm's console bar there (the panel makes it the rank's progress), any other widget
-gets one line saying so.
+gets one line saying so, and what IPython and ipywidgets call on the publisher, the display hook and the shell
+(``set_parent``, ``topic``, ``showtraceback``) works: ``interact`` calls its function once, ``with Output():``
+lets its output through, a failing ``_repr_html_`` prints its traceback on the rank's stderr and the display
+goes as its text, as IPython does.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import atexit
 import base64
 import json
 import os
+import re
 import sys
 import time
 
+from ..schema.decoding import MAX_NESTING, data_within_bounds
 from ..schema.events import DISPLAY
 from . import context
 
@@ -38,6 +44,10 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ("notebook_launcher: an ipywidget ({name}) cannot live in a launched rank (its state needs the "
                "notebook's kernel); show values with print(), report(step=..., loss=...) or display() of a plot "
                "or table instead (tqdm bars become the rank's progress)")
+BOUNDS_NOTE = ("notebook_launcher: a display's {mimes} nests lists and dicts deeper than {depth} or holds an int "
+               "beyond 64 bits, which the notebook's side does not read: such a display goes as its text/plain")
+MAX_OMITTED = 64  # MIME types an event names as left out (events.DATA_SCHEMA)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 _sender: RankDisplays | None = None
 
@@ -79,6 +89,7 @@ class RankDisplays:
         self._last_update: dict[str, float] = {}
         self._pending: dict[str, dict] = {}  # display id -> its newest update, not yet sent
         self.widget_noted = False
+        self.bounds_noted = False
 
     def display(self, data: dict, metadata: dict | None, display_id: str | None, update: bool) -> None:
         payload = self._payload(data, metadata)
@@ -140,7 +151,16 @@ class RankDisplays:
             self.cut += 1
         metadata = {key: value for key, value in (_wire(metadata) or {}).items() if key in bundle} \
             if isinstance(metadata, dict) else {}
-        return {"data": bundle, "metadata": metadata, "omitted": omitted, "bytes": size}
+        if not data_within_bounds({"data": bundle, "metadata": metadata}):  # (the kernel's reader would refuse it)
+            beyond = [mime for mime in bundle if mime != "text/plain"]
+            if not self.bounds_noted:
+                self.bounds_noted = True
+                print(BOUNDS_NOTE.format(mimes=", ".join(beyond) or "metadata", depth=MAX_NESTING), file=sys.stderr)
+            omitted += beyond
+            text = bundle.get("text/plain")
+            bundle, metadata = {"text/plain": text[:MAX_TEXT] if isinstance(text, str) else ""}, {}
+            self.cut += 1
+        return {"data": bundle, "metadata": metadata, "omitted": omitted[:MAX_OMITTED], "bytes": size}
 
     def summary(self) -> str:
         """One line about what the bounds left out, or ""."""
@@ -189,7 +209,10 @@ def _replace_publisher(shell, sender: RankDisplays) -> None:
     from IPython.core.displaypub import DisplayPublisher
 
     class RankPublisher(DisplayPublisher):
-        """The shell's display publisher in a rank: bundles become events."""
+        """The shell's display publisher in a rank: bundles become events. What ipykernel's publisher has besides
+        (an Output widget and the shell's ``set_parent`` call them) is here too, doing nothing."""
+
+        topic = None
 
         def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
             display_id = (transient or {}).get("display_id")
@@ -204,8 +227,17 @@ def _replace_publisher(shell, sender: RankDisplays) -> None:
         def unregister_hook(self, hook):
             return True
 
+        set_parent = _set_parent
+        set_thread_parent = _set_parent
+        reset_thread_parent = _set_parent
+
     class RankDisplayHook(DisplayHook):
         """A cell's last value (``%%accelerate``), as a display of its bundle, without an ``Out[n]`` prompt."""
+
+        topic = None
+        set_parent = _set_parent
+        set_thread_parent = _set_parent
+        reset_thread_parent = _set_parent
 
         def start_displayhook(self):
             pass
@@ -222,6 +254,22 @@ def _replace_publisher(shell, sender: RankDisplays) -> None:
     shell.display_pub = RankPublisher(shell=shell)
     shell.displayhook = RankDisplayHook(shell=shell, cache_size=0)
     sys.displayhook = shell.displayhook
+    shell._showtraceback = _traceback_to_stderr(shell)
+
+
+def _set_parent(self, parent):
+    """A message's parent header: a rank sends on no connection of the kernel's, so it has no use for one."""
+
+
+def _traceback_to_stderr(shell):
+    """IPython's way to show a traceback it caught (a failing ``_repr_html_``, an ``interact`` callback, an error
+    in ``with Output():``), on the rank's stderr without colours: ipykernel's would send it on the kernel's
+    connection (from a fork: lost, and through the display hook: an AttributeError)."""
+    def show(etype, evalue, stb):
+        text = _ANSI.sub("", shell.InteractiveTB.stb2text(stb))
+        print(text, file=sys.stderr)
+
+    return show
 
 
 def _quiet_widgets(sender: RankDisplays) -> None:

@@ -10,7 +10,17 @@ from __future__ import annotations
 import marshal
 
 from .datacheck import bounds_problem, data_problem
-from .events import FRAME_HEADER, LOG, LOG_FRAME, RECORD_FRAME_FIELDS, RECORD_FRAME_TYPES, RESULT, TEXT_STREAMS, Event
+from .events import (
+    FRAME_HEADER,
+    LOG,
+    LOG_FRAME,
+    RECORD_FRAME_FIELDS,
+    RECORD_FRAME_TYPES,
+    RESULT,
+    TEXT_STREAMS,
+    Event,
+)
+from .wiretext import SURROGATE_BYTES, wire_safe
 
 MAX_HEADER_BYTES = 256 * 2**20  # an event's own data; a longer header length can only be a corrupt frame
 MAX_NESTING = 64  # lists and dicts within each other in an event's data
@@ -26,6 +36,11 @@ class FrameDecoder:
 
     Everything read is untrusted: at the first frame whose lengths, header or data do not fit the schema,
     ``broken`` says why and the decoder takes nothing more; the frames before it are returned; it never raises.
+    Text in an event is passed on as UTF-8 can carry it: a lone surrogate that a writer other than
+    ``EventWriter`` left in a dict frame (the writer escapes them at the source) becomes its backslash escape here
+    (``wiretext``), so none reaches jupyter_client or print(); a compact frame's (a print's, a record's) is
+    escaped where it is shown, at no cost to the reader's hot path.
+
     A header is checked as soon as it is complete, before its attachment arrives; an attachment is read into the
     buffers that ``sinks`` gives for it (by default one bytearray; a size instead of a buffer: the attachment's
     ``part(index)`` makes it when its first byte arrives), so a large result is copied once, not grown and copied
@@ -93,6 +108,9 @@ class FrameDecoder:
                 except (ValueError, EOFError, TypeError):
                     break  # (_next_header says why)
                 check_header(header, 0, refused, rank_pipe)
+                if type(header) is dict and SURROGATE_BYTES.search(buffer, at + size, end):
+                    header = wire_safe(header)  # (a lone surrogate, maybe, from a writer not ours; compact frames:
+                    # their text is escaped by the LineSplitter and where the displays write it, see wiretext)
                 frames.append((header, b""))
                 at = end
         self._at = at
@@ -113,6 +131,8 @@ class FrameDecoder:
         except (ValueError, EOFError, TypeError) as exc:
             raise CorruptFrame(f"an undecodable frame header ({exc})") from None
         check_header(header, attachment_len, self._refused, self._rank_pipe)
+        if SURROGATE_BYTES.search(self._buffer, at + FRAME_HEADER.size, end):
+            header = wire_safe(header)
         attachment, parts = b"", []
         if attachment_len:
             try:
@@ -244,6 +264,13 @@ def check_header(header, attachment_len: int, refused_kinds=frozenset(), rank_pi
 def _cut(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "..."
+
+
+def data_within_bounds(data: dict) -> bool:
+    """Whether an event's ``data`` is within the reader's bounds where a frame carries it (nesting, 64-bit ints):
+    the writer's test of a value of the user's before it sends it (a display's bundle), so the rank sends what
+    the kernel reads instead of failing as a corrupt stream."""
+    return _within_bounds({"data": data})
 
 
 def _within_bounds(value, depth: int = 0) -> bool:

@@ -68,6 +68,10 @@ names the kind and the field. Fields a table does not name pass through unread (
              ``clear_output``), as Jupyter's wire form (binary data base64); ``omitted``: MIME types the rank left
              out (over ``rich_output.MAX_BUNDLE_BYTES``, over the rank's budget for the run, or a widget view),
              ``bytes`` the bundle's size before that (``rank/rich_output.py``; shown by ``display/rich.py``)
+``text_escaped`` data: ``{"route": <the kind of the event>}``: text this rank sent held lone surrogates
+             (``"\\ud800"``, which no UTF-8 can carry and which made jupyter_client and print() raise): the writer
+             sent each as its backslash escape (``wire_text``, as a print's), and says so once per process (the
+             panel's notes and the text display say it once per run)
 ``hang_notice`` data: ``{"state": "open", "quiet_s", "ranks": {rank: {"state": "waiting" | "in_ddp" | "busy" |
              "finished" | "exited", "text"}}, "diverged": rank | None, "stacks": {rank: text}, "text"}`` or
              ``{"state": "cleared", "quiet_s", "text"}`` (made by the kernel, rank -1): the stall watchdog saw no
@@ -84,6 +88,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from .wiretext import MAYBE_SURROGATE as _MAYBE_SURROGATE
+from .wiretext import escaped as _escaped
 
 SCHEMA_VERSION = 1
 TRUE_VALUES = ("1", "true", "yes", "on", "y", "t")  # how Accelerate reads a flag such as ACCELERATE_DEBUG_MODE
@@ -123,6 +130,7 @@ RESTART = "restart"
 HANG_NOTICE = "hang_notice"
 BALANCE = "balance"
 DISPLAY = "display"
+TEXT_ESCAPED = "text_escaped"
 TRUNCATED_EVENT = "TruncatedEvent"  # a failure the kernel makes: an event cut short by the worker's death
 CORRUPT_EVENT_STREAM = "CorruptEventStream"  # a failure the kernel makes: bytes on an event pipe that are no event
 # kinds an agent of a launch across hosts sends besides its ranks' events
@@ -199,6 +207,7 @@ DATA_SCHEMA = {
     # (the bundle and its metadata: dicts whose names are str all the way down, read by display/rich.py)
     DISPLAY: Fields({"op": OneOf(("display", "update", "clear")), "display_id": (str, None), "wait": bool,
                      "omitted": ListOf(str, 64), "bytes": int}, required=("op",)),
+    TEXT_ESCAPED: Fields({"route": str}),
 }
 
 
@@ -255,6 +264,7 @@ class EventWriter:
         self._seq = 0
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()
+        self.escaped = False  # a text_escaped event was sent (wire_text)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
 
@@ -264,14 +274,22 @@ class EventWriter:
     def emit(self, kind: str, data: dict | None = None, attachment: bytes = b"") -> None:
         with self._lock:  # (encode_frame, inlined: this runs once per log line and print)
             self._seq = seq = self._seq + 1
+            data = data or {}
             header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": seq, "time": time.monotonic(),
-                                    "kind": kind, "data": data or {}}, MARSHAL_VERSION)
+                                    "kind": kind, "data": data}, MARSHAL_VERSION)
+            safe = _escaped(data, header) if _MAYBE_SURROGATE in header else None
+            if safe is not None:
+                data = safe
+                header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": seq,
+                                        "time": time.monotonic(), "kind": kind, "data": data}, MARSHAL_VERSION)
             frame = FRAME_HEADER.pack(len(header), len(attachment)) + header
             if attachment:
                 frame += attachment
             if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
-                frame = _shrink_to_pipe_buf(self.rank, seq, kind, data or {})
+                frame = _shrink_to_pipe_buf(self.rank, seq, kind, data)
             self._write(frame)
+            if safe is not None:
+                self._say_escaped(kind)
 
     def emit_record(self, values: tuple) -> None:
         """A ``log`` event of ``get_logger`` as a record frame, ``(LOG_FRAME, time, *values, seq)``: ``values``
@@ -279,22 +297,34 @@ class EventWriter:
         with self._lock:
             self._seq = seq = self._seq + 1
             header = marshal.dumps((LOG_FRAME, time.monotonic(), *values, seq), MARSHAL_VERSION)
+            safe = _escaped(values, header) if _MAYBE_SURROGATE in header else None
+            if safe is not None:
+                values = safe
+                header = marshal.dumps((LOG_FRAME, time.monotonic(), *values, seq), MARSHAL_VERSION)
             frame = FRAME_HEADER.pack(len(header), 0) + header
             if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
                 frame = _shrink_to_pipe_buf(self.rank, seq, LOG, dict(zip(RECORD_KEYS, values)))
             self._write(frame)
+            if safe is not None:
+                self._say_escaped(LOG)
 
     def emit_text(self, stream: int, text: str) -> None:
         """An ``output`` event as a text frame: its header is only ``(stream, text)`` (``TEXT_STREAMS``), which
         costs both ends a third of the event's dict (the kernel times and numbers the lines it cuts from it)."""
         with self._lock:
             header = marshal.dumps((stream, text), MARSHAL_VERSION)
+            safe = _escaped(text, header) if _MAYBE_SURROGATE in header else None
+            if safe is not None:
+                text = safe
+                header = marshal.dumps((stream, text), MARSHAL_VERSION)
             frame = FRAME_HEADER.pack(len(header), 0) + header
             if len(frame) > _PIPE_BUF and os.getpid() != self._owner_pid:
                 self._seq += 1
                 frame = _shrink_to_pipe_buf(self.rank, self._seq, OUTPUT, {"stream": TEXT_STREAMS[stream],
                                                                             "text": text})
             self._write(frame)
+            if safe is not None:
+                self._say_escaped(OUTPUT)
 
     def _write(self, frame: bytes) -> None:
         """One frame, with the lock held: a pipe takes a small frame whole in one write, a large one perhaps in
@@ -311,9 +341,23 @@ class EventWriter:
             size = sum(memoryview(part).nbytes for part in parts)
             header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": self._seq,
                                     "time": time.monotonic(), "kind": kind, "data": data}, MARSHAL_VERSION)
+            safe = _escaped(data, header) if _MAYBE_SURROGATE in header else None
+            if safe is not None:
+                header = marshal.dumps({"v": SCHEMA_VERSION, "rank": self.rank, "seq": self._seq,
+                                        "time": time.monotonic(), "kind": kind, "data": safe}, MARSHAL_VERSION)
             write_all(self.fd, FRAME_HEADER.pack(len(header), size) + header)
             for part in parts:
                 write_all(self.fd, part)
+            if safe is not None:
+                self._say_escaped(kind)
+
+    def _say_escaped(self, route: str) -> None:
+        """With the lock held, after a frame whose text was escaped: a ``text_escaped`` event, once per process."""
+        if self.escaped:
+            return
+        self.escaped = True
+        self._seq += 1
+        self._write(encode_frame(self.rank, self._seq, TEXT_ESCAPED, {"route": route}))
 
 
 def _shrink_to_pipe_buf(rank: int, seq: int, kind: str, data: dict) -> bytes:
