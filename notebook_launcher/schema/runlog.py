@@ -8,6 +8,8 @@ only regular files inside the run's folder (never a link out of it, a FIFO or a 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -46,33 +48,51 @@ def runs_root() -> str:
 class RunLog:
     """One private directory per run: ``events.jsonl`` (every event, as it arrives) and ``run.json`` (summary).
 
-    Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``_prune``).
+    The log is a record, never a reason to lose a run: where the disk is full or failing (at the start or at any
+    moment), writing stops, ``incomplete`` says why, one warning goes to ``report_to``'s note, and the run goes
+    on. Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``_prune``).
     """
 
     _FLUSH_EVERY_S = 0.5
 
     def __init__(self, root: str | None = None):
         root = root or runs_root()
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.run_id = f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}"
-        self.path = os.path.join(root, self.run_id)
+        self.incomplete = ""  # why the log stopped being written ("" while it is whole)
+        self._note = None
+        self._events = None
+        self._touched = self._last_flush = time.monotonic()
         try:
             os.makedirs(root, mode=0o700, exist_ok=True)
-            os.mkdir(self.path, mode=0o700)
+            self.run_id, self.path = _new_run_folder(root)
             self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
+        except FileExistsError as exc:
+            if os.path.isdir(root):  # a run id taken every time (_new_run_folder): not a folder's permissions
+                raise
+            raise _unusable(root, exc) from exc
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot write the run log in {root} ({exc.strerror or exc}): set "
-                          f"{RUNS_DIR_ENV_VAR} to a folder you can write to") from exc
-        self._last_flush = time.monotonic()
+            if exc.errno not in DISK_TROUBLE:
+                raise _unusable(root, exc) from exc
+            if not hasattr(self, "path"):
+                self.run_id = _run_id()
+                self.path = os.path.join(root, self.run_id)
+            self._lost(exc)
         _prune(root, keep=KEEP_RUNS, current=self.run_id)
 
+    def report_to(self, note) -> None:
+        """Where the one warning goes that the log is incomplete (at once, if it already is)."""
+        self._note = note
+        if self.incomplete:
+            note(self._warning())
+
     def write(self, event: Event) -> None:
-        self._events.write(_line(event))
-        self._flush_now_and_then()
+        if self._events is not None:
+            self._write(_line(event))
 
     def write_lines(self, lines: list) -> None:
         """``write`` for plain lines read together (``RankDemux``): one write for all. The lines of a run, whose
         shape the kernel made or checked itself, are written field by field, without the JSON encoder's walk."""
+        if self._events is None:
+            return
         out = []
         for item in lines:
             if type(item) is StreamLines:
@@ -85,25 +105,102 @@ class RunLog:
                 out += [_record_line(rank, seq + number, frame) for number, frame in enumerate(item.frames)]
             else:
                 out.append(_line(item))
-        self._events.write("".join(out))
-        self._flush_now_and_then()
+        self._write("".join(out))
 
-    def _flush_now_and_then(self) -> None:
+    def _write(self, text: str) -> None:
+        try:
+            self._events.write(text)
+            now = time.monotonic()
+            if now - self._last_flush > self._FLUSH_EVERY_S:
+                self._events.flush()
+                self._last_flush = self._touched = now
+        except OSError as exc:
+            self._lost(exc)
+
+    def tick(self) -> None:
+        """Called now and then while the run goes on: events.jsonl's time is moved at least every
+        ``KEEPALIVE_S``, so that a quiet run is seen live by any machine's pruning (``_prune``)."""
         now = time.monotonic()
-        if now - self._last_flush > self._FLUSH_EVERY_S:
-            self._events.flush()
-            self._last_flush = now
+        if self._events is not None and now - self._touched > KEEPALIVE_S:
+            self._touched = now
+            try:
+                os.utime(self._events.fileno())
+            except OSError:
+                pass  # (a failing disk: the next write says so)
 
     def write_summary(self, summary: dict) -> None:
-        with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
-            json.dump(_plain(summary), out, indent=2, default=str, allow_nan=False)
+        """run.json; where it cannot be written, the log is incomplete (never an error: the run is over)."""
+        if self.incomplete:
+            summary = {**summary, "log_incomplete": self.incomplete}
+        try:
+            with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
+                json.dump(_plain(summary), out, indent=2, default=str, allow_nan=False)
+        except OSError as exc:
+            self._lost(exc)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.path, "run.json"))  # not half a summary
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    @property
+    def closed(self) -> bool:
+        return self._events is None
+
     def close(self) -> None:
-        if not self._events.closed:
-            self._events.close()
+        if self._events is not None:
+            events, self._events = self._events, None
+            try:
+                events.close()
+            except OSError as exc:  # the last lines could not be flushed (the file is closed all the same)
+                self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        """Writing failed: the log stops here (once), and says so once."""
+        events, self._events = self._events, None
+        if events is not None:
+            with contextlib.suppress(OSError):
+                events.close()
+        if self.incomplete:
+            return
+        self.incomplete = f"{exc.strerror or exc}" + (f" (errno {exc.errno})" if exc.errno else "")
+        if self._note is not None:
+            self._note(self._warning())
+
+    def _warning(self) -> str:
+        return (f"warning: the run log in {self.path} is incomplete: {self.incomplete}. The run goes on (its "
+                f"result, status and exit codes are kept in last_run()); free space there, or set "
+                f"{RUNS_DIR_ENV_VAR} to another folder, for the next run's log")
+
+
+DISK_TROUBLE = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # a log that cannot start for these: the run goes on
+KEEPALIVE_S = 60.0  # a live run's log is touched at least this often (RunLog.tick)
+_NEW_ID_TRIES = 5
+
+
+def _run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+def _new_run_folder(root: str) -> tuple[str, str]:
+    """A new, private run folder under ``root``: (run id, path). A run id whose folder exists already (another
+    machine's kernel with the same pid, sharing this folder, in the same second) is drawn again."""
+    for _ in range(_NEW_ID_TRIES):
+        run_id = _run_id()
+        try:
+            os.mkdir(os.path.join(root, run_id), mode=0o700)
+        except FileExistsError:
+            continue
+        return run_id, os.path.join(root, run_id)
+    raise FileExistsError(errno.EEXIST, f"cannot make a new run folder in {root}: {_NEW_ID_TRIES} fresh run ids "
+                          f"in a row ({run_id}, the last) name folders that exist already, so something other than "
+                          f"this launcher makes folders named like run ids there: remove them, or set "
+                          f"{RUNS_DIR_ENV_VAR} to a folder of its own")
+
+
+def _unusable(root: str, exc: OSError) -> OSError:
+    return OSError(exc.errno, f"cannot write the run log in {root} ({exc.strerror or exc}): set "
+                   f"{RUNS_DIR_ENV_VAR} to a folder you can write to")
 
 
 def _line(event: Event) -> str:
@@ -314,14 +411,18 @@ def read_summary(run_dir: str) -> dict:
     return summary if isinstance(summary, dict) else {}
 
 
-PRUNE_MIN_AGE_S = 600  # a run folder younger than this is never pruned (it may belong to a run in progress)
+PRUNE_MIN_AGE_S = 600  # a run folder with a file changed more recently than this is never pruned: a live run's
+# kernel touches events.jsonl at least every KEEPALIVE_S (60 s), so 10 minutes leaves room for a shared folder's
+# cached times (NFS: up to 60 s) and for clocks of the machines sharing it that disagree by minutes
+_NEWEST_OF = 64  # the files of a run folder whose times are read (a run writes a handful)
 
 
 def _prune(root: str, keep: int, current: str = "") -> None:
-    """Keep the ``keep`` newest run folders, newest by the time they last changed (not by the stamp in their name,
-    which another kernel's time zone or a clock set back can put in the future). Never removed: the current run,
-    any folder changed in the last ``PRUNE_MIN_AGE_S`` seconds, and a folder without its summary whose kernel
-    (the pid in its name) is still alive on this machine: those may be runs still going on."""
+    """Keep the ``keep`` newest run folders, newest by the time their newest file last changed (not by the stamp
+    in their name, which another kernel's time zone or a clock set back can put in the future; not by the
+    folder's own time, which does not move while events.jsonl grows). Never removed: the current run, any folder
+    with a file changed in the last ``PRUNE_MIN_AGE_S`` seconds (a run going on, on any machine sharing the
+    folder), and a folder without its summary whose kernel (the pid in its name) is still alive on this machine."""
     now = time.time()
     candidates = []
     try:
@@ -332,16 +433,31 @@ def _prune(root: str, keep: int, current: str = "") -> None:
         path = os.path.join(root, entry)
         if entry == current or not RUN_ID.fullmatch(entry):
             continue
-        try:
-            changed = os.stat(path).st_mtime
-        except OSError:
-            continue
-        if not os.path.isdir(path) or now - changed < PRUNE_MIN_AGE_S or _maybe_in_progress(entry, path):
+        changed = _last_changed(path)
+        if changed is None or now - changed < PRUNE_MIN_AGE_S or _maybe_in_progress(entry, path):
             continue
         candidates.append((changed, entry))
     candidates.sort()
     for _, old in candidates[:max(0, len(candidates) - keep)]:
         shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+
+
+def _last_changed(path: str) -> float | None:
+    """When the run folder ``path`` or one of its files last changed (links not followed); None when it is not a
+    folder (a link to one included)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+        changed = os.stat(path).st_mtime
+        with os.scandir(path) as files:
+            for number, item in enumerate(files):
+                if number >= _NEWEST_OF:
+                    break
+                with contextlib.suppress(OSError):
+                    changed = max(changed, item.stat(follow_symlinks=False).st_mtime)
+    except OSError:
+        return None
+    return changed
 
 
 def _maybe_in_progress(run_id: str, path: str) -> bool:
