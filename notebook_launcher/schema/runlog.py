@@ -13,8 +13,6 @@ import errno
 import json
 import math
 import os
-import re
-import shutil
 import stat
 import time
 import warnings
@@ -22,10 +20,20 @@ from collections.abc import Iterator
 
 from .events import LOG, RECORD_DATA, RECORD_KEYS, Event
 from .lines import LogRecords, StreamLines
+from .runfolders import (  # noqa: F401 (the runs folder's, read from here too)
+    KEEP_RUNS,
+    PRUNE_MIN_AGE_S,
+    RUN_ID,
+    RUNS_DIR_ENV_VAR,
+    new_run_folder,
+    prune,
+    run_id,
+    runs_root,
+    unusable,
+)
 
-RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
-RUN_ID = re.compile(r"\d{8}-\d{6}-\d+-[0-9a-f]{6}")
-KEEP_RUNS = 50
+KEEPALIVE_S = 60.0  # a live run's log is touched at least this often (RunLog.tick; pruning's margin counts on it)
+
 # json's own C encoder, called directly (json.dumps makes a new encoder at every call): compact separators
 _markers: dict = {}  # (what json.dumps checks circular references with; emptied after a failed line)
 # (allow_nan False: a NaN or an infinity raises, and the line is written again with null in its place)
@@ -36,21 +44,12 @@ _string = json.encoder.encode_basestring_ascii
 _STREAMS = {"stdout": '"stdout"', "stderr": '"stderr"'}
 
 
-def runs_root() -> str:
-    """Where run logs live: $NOTEBOOK_LAUNCHER_RUNS_DIR, else the user's cache directory."""
-    explicit = os.environ.get(RUNS_DIR_ENV_VAR)
-    if explicit:
-        return explicit
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "notebook_launcher", "runs")
-
-
 class RunLog:
     """One private directory per run: ``events.jsonl`` (every event, as it arrives) and ``run.json`` (summary).
 
     The log is a record, never a reason to lose a run: where the disk is full or failing (at the start or at any
     moment), writing stops, ``incomplete`` says why, one warning goes to ``report_to``'s note, and the run goes
-    on. Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``_prune``).
+    on. Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``runfolders.prune``).
     """
 
     _FLUSH_EVERY_S = 0.5
@@ -61,22 +60,21 @@ class RunLog:
         self._note = None
         self._events = None
         self._touched = self._last_flush = time.monotonic()
+        self.run_id = run_id()  # (the name it has, even where the disk cannot hold the folder)
+        self.path = os.path.join(root, self.run_id)
         try:
             os.makedirs(root, mode=0o700, exist_ok=True)
-            self.run_id, self.path = _new_run_folder(root)
+            self.run_id, self.path = new_run_folder(root)
             self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
         except FileExistsError as exc:
-            if os.path.isdir(root):  # a run id taken every time (_new_run_folder): not a folder's permissions
+            if os.path.isdir(root):  # a run id taken every time (new_run_folder): not a folder's permissions
                 raise
-            raise _unusable(root, exc) from exc
+            raise unusable(root, exc) from exc
         except OSError as exc:
             if exc.errno not in DISK_TROUBLE:
-                raise _unusable(root, exc) from exc
-            if not hasattr(self, "path"):
-                self.run_id = _run_id()
-                self.path = os.path.join(root, self.run_id)
+                raise unusable(root, exc) from exc
             self._lost(exc)
-        _prune(root, keep=KEEP_RUNS, current=self.run_id)
+        prune(root, keep=KEEP_RUNS, current=self.run_id)
 
     def report_to(self, note) -> None:
         """Where the one warning goes that the log is incomplete (at once, if it already is)."""
@@ -119,7 +117,7 @@ class RunLog:
 
     def tick(self) -> None:
         """Called now and then while the run goes on: events.jsonl's time is moved at least every
-        ``KEEPALIVE_S``, so that a quiet run is seen live by any machine's pruning (``_prune``)."""
+        ``KEEPALIVE_S``, so that a quiet run is seen live by any machine's pruning (``runfolders.prune``)."""
         now = time.monotonic()
         if self._events is not None and now - self._touched > KEEPALIVE_S:
             self._touched = now
@@ -143,10 +141,6 @@ class RunLog:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    @property
-    def closed(self) -> bool:
-        return self._events is None
-
     def close(self) -> None:
         if self._events is not None:
             events, self._events = self._events, None
@@ -168,41 +162,12 @@ class RunLog:
             self._note(self._warning())
 
     def _warning(self) -> str:
-        return (f"warning: the run log in {self.path} is incomplete: {self.incomplete}. The run goes on (its "
-                f"result, status and exit codes are kept in last_run()); free space there, or set "
+        return (f"warning: the run log in {self.path} is incomplete: {self.incomplete}. The run itself is not "
+                f"affected (its result, status and exit codes are in last_run()); free space there, or set "
                 f"{RUNS_DIR_ENV_VAR} to another folder, for the next run's log")
 
 
 DISK_TROUBLE = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # a log that cannot start for these: the run goes on
-KEEPALIVE_S = 60.0  # a live run's log is touched at least this often (RunLog.tick)
-_NEW_ID_TRIES = 5
-
-
-def _run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{os.urandom(3).hex()}"
-
-
-def _new_run_folder(root: str) -> tuple[str, str]:
-    """A new, private run folder under ``root``: (run id, path). A run id whose folder exists already (another
-    machine's kernel with the same pid, sharing this folder, in the same second) is drawn again."""
-    for _ in range(_NEW_ID_TRIES):
-        run_id = _run_id()
-        try:
-            os.mkdir(os.path.join(root, run_id), mode=0o700)
-        except FileExistsError:
-            continue
-        return run_id, os.path.join(root, run_id)
-    raise FileExistsError(errno.EEXIST, f"cannot make a new run folder in {root}: {_NEW_ID_TRIES} fresh run ids "
-                          f"in a row ({run_id}, the last) name folders that exist already, so something other than "
-                          f"this launcher makes folders named like run ids there: remove them, or set "
-                          f"{RUNS_DIR_ENV_VAR} to a folder of its own")
-
-
-def _unusable(root: str, exc: OSError) -> OSError:
-    return OSError(exc.errno, f"cannot write the run log in {root} ({exc.strerror or exc}): set "
-                   f"{RUNS_DIR_ENV_VAR} to a folder you can write to")
-
-
 def _line(event: Event) -> str:
     """The line json.dumps(event.to_json()) gives, compact, without making the dict (once per line)."""
     try:
@@ -411,63 +376,3 @@ def read_summary(run_dir: str) -> dict:
     return summary if isinstance(summary, dict) else {}
 
 
-PRUNE_MIN_AGE_S = 600  # a run folder with a file changed more recently than this is never pruned: a live run's
-# kernel touches events.jsonl at least every KEEPALIVE_S (60 s), so 10 minutes leaves room for a shared folder's
-# cached times (NFS: up to 60 s) and for clocks of the machines sharing it that disagree by minutes
-_NEWEST_OF = 64  # the files of a run folder whose times are read (a run writes a handful)
-
-
-def _prune(root: str, keep: int, current: str = "") -> None:
-    """Keep the ``keep`` newest run folders, newest by the time their newest file last changed (not by the stamp
-    in their name, which another kernel's time zone or a clock set back can put in the future; not by the
-    folder's own time, which does not move while events.jsonl grows). Never removed: the current run, any folder
-    with a file changed in the last ``PRUNE_MIN_AGE_S`` seconds (a run going on, on any machine sharing the
-    folder), and a folder without its summary whose kernel (the pid in its name) is still alive on this machine."""
-    now = time.time()
-    candidates = []
-    try:
-        entries = os.listdir(root)
-    except OSError:
-        return
-    for entry in entries:  # only our own run directories are ever removed, whatever else lives in that folder
-        path = os.path.join(root, entry)
-        if entry == current or not RUN_ID.fullmatch(entry):
-            continue
-        changed = _last_changed(path)
-        if changed is None or now - changed < PRUNE_MIN_AGE_S or _maybe_in_progress(entry, path):
-            continue
-        candidates.append((changed, entry))
-    candidates.sort()
-    for _, old in candidates[:max(0, len(candidates) - keep)]:
-        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
-
-
-def _last_changed(path: str) -> float | None:
-    """When the run folder ``path`` or one of its files last changed (links not followed); None when it is not a
-    folder (a link to one included)."""
-    try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return None
-        changed = os.stat(path).st_mtime
-        with os.scandir(path) as files:
-            for number, item in enumerate(files):
-                if number >= _NEWEST_OF:
-                    break
-                with contextlib.suppress(OSError):
-                    changed = max(changed, item.stat(follow_symlinks=False).st_mtime)
-    except OSError:
-        return None
-    return changed
-
-
-def _maybe_in_progress(run_id: str, path: str) -> bool:
-    if os.path.exists(os.path.join(path, "run.json")):
-        return False
-    pid = int(run_id.split("-")[2])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists (owned by someone else)
-    return True
