@@ -17,7 +17,7 @@ from notebook_launcher import LaunchArgumentError, RunNotFoundError, inspect_run
 from notebook_launcher.accelerate_config import MAX_ALIASES, MAX_CONFIG_BYTES
 from notebook_launcher.display.logview import MAX_SHOWN_CHARS, LogView
 from notebook_launcher.runs import resolve_run
-from notebook_launcher.schema import runlog
+from notebook_launcher.schema import runfolders, runlog
 from notebook_launcher.schema.events import PROGRESS, STREAM, Event
 from notebook_launcher.schema.lines import StreamLines
 from notebook_launcher.schema.runlog import RunFileRefused, RunLog, read_run_log
@@ -279,3 +279,80 @@ def test_read_run_log_skips_malformed_records_with_a_count(runs_dir):
     with pytest.warns(UserWarning, match="2 malformed records skipped"):
         records = read_run_log(str(folder))
     assert [record["data"]["text"] for record in records] == ["good line", "good line"]
+
+
+# -- pruning a shared runs folder, and run ids drawn twice ------------------------------------------------------------
+def finished_runs(runs_dir, count: int, when: float) -> None:
+    for index in range(count):
+        folder = runs_dir / f"20000102-000000-{100000 + index}-abcdef"
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text("{}")
+        for path in (folder / "run.json", folder):
+            os.utime(path, (when + index, when + index))
+
+
+def test_pruning_spares_a_run_of_another_machine_while_its_log_grows_and_prunes_it_once_quiet(runs_dir):
+    old = time.time() - 2 * runlog.PRUNE_MIN_AGE_S
+    finished_runs(runs_dir, runlog.KEEP_RUNS, old)
+    elsewhere = {}
+    for name, log_changed in (("growing", time.time() - 5), ("quiet", old - 100)):
+        # a kernel on another machine sharing the folder: its pid means nothing here, no summary yet
+        folder = elsewhere[name] = runs_dir / f"20000101-000000-999999999-00000{len(elsewhere)}"
+        folder.mkdir()
+        (folder / "events.jsonl").write_text(GOOD + "\n")
+        os.utime(folder / "events.jsonl", (log_changed, log_changed))
+        os.utime(folder, (old - 100, old - 100))  # a folder's time does not move while a file in it grows
+    RunLog(str(runs_dir)).close()
+    assert elsewhere["growing"].is_dir()
+    assert not elsewhere["quiet"].exists()  # quiet for longer than the margin: over, and the oldest
+    assert len(list(runs_dir.glob("20000102-*"))) == runlog.KEEP_RUNS
+
+
+def waits_until_its_log_is_touched(runs_root: str):
+    """Rank 0 sets its run's events.jsonl back an hour, then waits (saying nothing) for the kernel to touch it."""
+    import torch.distributed as dist
+
+    fresh = True
+    if dist.get_rank() == 0:
+        (name,) = [entry for entry in os.listdir(runs_root) if runlog.RUN_ID.fullmatch(entry)]
+        log = os.path.join(runs_root, name, "events.jsonl")
+        hour_ago = time.time() - 3600
+        os.utime(log, (hour_ago, hour_ago))
+        deadline = time.monotonic() + 60
+        while os.stat(log).st_mtime < hour_ago + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fresh = time.time() - os.stat(log).st_mtime < runlog.PRUNE_MIN_AGE_S
+    dist.barrier()
+    return fresh
+
+
+def test_a_quiet_run_keeps_its_log_fresh_for_any_machines_pruning(runs_dir, monkeypatch):
+    monkeypatch.setattr(runlog, "KEEPALIVE_S", 0.2)  # (60 s: the same code, sooner)
+    assert notebook_launcher(waits_until_its_log_is_touched, args=(str(runs_dir),), num_processes=2,
+                             device="cpu") is True
+    no_children_left()
+
+
+def test_a_run_id_drawn_again_takes_a_fresh_folder_and_leaves_the_other_alone(runs_dir, monkeypatch):
+    taken = runs_dir / "20000101-000000-1-aaaaaa"
+    taken.mkdir(parents=True)
+    (taken / "events.jsonl").write_text(GOOD + "\n")
+    draws = iter([taken.name, taken.name, "20000101-000000-1-bbbbbb"])  # the random part, drawn the same twice
+    monkeypatch.setattr(runfolders, "run_id", lambda: next(draws))
+    assert notebook_launcher(returns_rank, num_processes=2, device="cpu") == 0
+    assert last_run().run_id == "20000101-000000-1-bbbbbb"
+    assert (taken / "events.jsonl").read_text() == GOOD + "\n"
+    no_children_left()
+
+
+def test_run_ids_taken_every_time_say_so_not_that_the_folder_cannot_be_written(runs_dir, monkeypatch):
+    taken = runs_dir / "20000101-000000-1-aaaaaa"
+    taken.mkdir(parents=True)
+    monkeypatch.setattr(runfolders, "run_id", lambda: taken.name)
+    with pytest.raises(FileExistsError) as caught:
+        notebook_launcher(returns_rank, num_processes=2, device="cpu")
+    message = str(caught.value)
+    assert "you can write to" not in message
+    assert f"cannot make a new run folder in {runs_dir}" in message and taken.name in message
+    assert "something other than this launcher makes folders named like run ids there" in message
+    no_children_left()

@@ -39,6 +39,7 @@ def test_pruning_keeps_the_current_run_when_fifty_folders_sort_after_now(runs_di
         folder = runs_dir / f"29990101-000000-{100000 + index}-abcdef"
         folder.mkdir()
         (folder / "run.json").write_text("{}")
+        os.utime(folder / "run.json", (old + index, old + index))
         os.utime(folder, (old + index, old + index))
     assert notebook_launcher(returns_rank, num_processes=2, device="cpu") == 0
     assert os.path.isdir(last_run().run_dir)
@@ -60,6 +61,7 @@ def test_pruning_spares_young_folders_and_runs_whose_kernel_is_alive(runs_dir):
         folder = runs_dir / f"20000102-000000-{100000 + index}-abcdef"
         folder.mkdir()
         (folder / "run.json").write_text("{}")
+        os.utime(folder / "run.json", (old + index, old + index))
         os.utime(folder, (old + index, old + index))
     log = RunLog(str(runs_dir))
     log.close()

@@ -48,7 +48,8 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
     else:
         shown = TextDisplay(plan.log_line_prefix_template, plan.node_rank, plan.num_processes)
     _warn_old_kernel_once(shown)
-    started = time.monotonic()
+    log.report_to(shown.note)  # a full or failing disk: one warning, and the run goes on
+    started, closed = time.monotonic(), False
     events = AttemptEvents(run, log, shown, single_attempt)
     try:
         return launcher.launch(plan, run, shown, events, RestartPolicy(run, events.on_event, single_attempt))
@@ -62,20 +63,22 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
         if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
             run.status = RunStatus.FAILED
         if panel is not None:
+            _close(run, log, shown, started)  # first: what it says belongs in the panel's last state
+            closed = True
             run.panel_state = panel.finish(run.status, failure=_failure_for_panel(run, error),
                                            stuck_ranks=run.stuck_ranks)
             panel = None
         raise
     finally:
         events.note_left_out()  # (once: before the panel's last state, whatever happened)
+        if not closed:
+            _close(run, log, shown, started)
         if panel is not None:  # finished, or interrupted
             interrupted = {"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt", "traceback": "",
                            "message": "interrupted: every worker was stopped", "stacks": {}}
             finished = run.status == RunStatus.FINISHED
             run.panel_state = panel.finish(run.status, result_type=type(run.result(0)).__name__ if finished else None,
                                            failure=interrupted if run.status == RunStatus.INTERRUPTED else None)
-        run.duration = time.monotonic() - started
-        _close(run, log, shown)
 
 
 def choose_launcher(plan, hosts: HostSettings | None):
@@ -91,17 +94,18 @@ def choose_launcher(plan, hosts: HostSettings | None):
     return LocalLauncher(spawn_payload(plan.function, plan.args) if plan.spawns_workers else b"")
 
 
-def _close(run: Run, log: RunLog, display) -> None:
-    """The run log is the record, not the result: a folder removed under us must not hide the outcome."""
+def _close(run: Run, log: RunLog, display, started: float) -> None:
+    """The run's summary on disk, once (before the panel's last state, which shows any warning it gives). The run
+    log is the record, not the result: a folder removed under us, a full disk, must not hide the outcome."""
+    run.duration = time.monotonic() - started
     try:
         payload_file = log.file("payload.pkl")
         if os.path.exists(payload_file):
-            os.remove(payload_file)
-        log.write_summary(run.summary())
+            os.remove(payload_file)  # (first: it frees the space the summary may need)
     except OSError as exc:
-        display.note(f"warning: could not write the run's summary in {run.run_dir} ({exc})")
-    finally:
-        log.close()
+        display.note(f"warning: could not remove the run's payload in {run.run_dir} ({exc})")
+    log.close()
+    log.write_summary(run.summary())
 
 
 def _failure_for_panel(run: Run, error: BaseException) -> dict:

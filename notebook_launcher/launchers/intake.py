@@ -70,6 +70,7 @@ class AttemptEvents:
         """Called by the supervising loop after each wait: in-order lines whose time has come, the display."""
         self.in_order.release()
         self.display.tick()
+        self.log.tick()  # a quiet run stays live for pruning
 
     def end(self) -> None:
         self.in_order.release(everything=True)

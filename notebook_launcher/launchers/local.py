@@ -7,6 +7,7 @@ nodes first meet at torch's rendezvous, which gives each its node rank and node 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -30,9 +31,19 @@ class LocalLauncher:
 
     def __init__(self, payload: bytes = b""):
         self.payload = payload  # (function, args) pickled, for spawned workers; b"" under fork
+        self._in_memory = -1  # the payload's in-memory file, where the runs folder could not hold it
 
     def launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
+        try:
+            return self._launch(plan, run, display, events, policy)
+        finally:
+            if self._in_memory >= 0:
+                os.close(self._in_memory)
+                self._in_memory = -1
+
+    def _launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
+        __tracebackhide__ = True
         if plan.start_method == "fork":  # imported once here, not in every forked worker
             import torch.distributed  # noqa: F401 (~1 s each)
 
@@ -75,12 +86,20 @@ class LocalLauncher:
 
     def _write_payload(self, log) -> str:
         """Where spawned workers load (function, args) from: a private file in the run's folder, removed when the
-        launch ends."""
+        launch ends; in memory where that folder's disk cannot hold it (full, failing: the run goes on)."""
         path = log.file("payload.pkl")
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(self.payload)
+            return path
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        self._in_memory = descriptor = os.memfd_create("payload.pkl")  # a worker opens it by /proc
+        with open(descriptor, "wb", closefd=False) as out:
             out.write(self.payload)
-        return path
+        return f"/proc/{os.getpid()}/fd/{descriptor}"
 
     @staticmethod
     def _place(plan, run: Run, display, meeting_point):

@@ -40,18 +40,21 @@ class ProgressRecord:
     _DDP_SITE = struct.Struct("<200s")
 
     def __init__(self, path: str, create: bool = False):
+        """The record at ``path`` (a rank's side); ``create``: the kernel's, fresh and zeroed for an attempt, named
+        by ``path`` and held in memory (``reserve``): ``self.path`` is then what a rank opens."""
         import mmap
 
-        self.path = path
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        descriptor = os.open(path, flags, 0o600)
+        self._memory = -1  # create: the in-memory file this process holds open for the ranks
+        if create:
+            self._memory, self.path = reserve(path, self._LAYOUT.size)
+            descriptor = self._memory
+        else:
+            self.path, descriptor = path, os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            if create:
-                os.ftruncate(descriptor, 0)  # a fresh, zeroed record for each attempt
-                os.ftruncate(descriptor, self._LAYOUT.size)
             self._map = mmap.mmap(descriptor, self._LAYOUT.size)
         finally:
-            os.close(descriptor)
+            if not create:
+                os.close(descriptor)
         self._ddp = memoryview(self._map)[self._DDP_SLOT:self._DDP_SLOT + 16].cast("Q")
         self.sequence = 0
         self.waited = 0.0
@@ -114,3 +117,22 @@ class ProgressRecord:
     def close(self) -> None:
         self._ddp.release()
         self._map.close()
+        if self._memory >= 0:
+            os.close(self._memory)
+            self._memory = -1
+
+
+def reserve(name: str, size: int) -> tuple[int, str]:
+    """A zeroed in-memory file of ``size`` bytes, its pages allocated now, open for reading and writing, and the
+    path a rank opens it by (``/proc/<this pid>/fd/<n>``, while this process keeps it open; ``name`` is what
+    /proc shows). Never a file on the runs folder's disk: a page of a sparse file is allocated when first touched,
+    and on a full disk that touch is a SIGBUS, in the kernel or in a rank; even a reserved file's page faults
+    with SIGBUS once its filesystem has failed (an I/O error, remounted read-only). Pages allocated in memory
+    (``posix_fallocate``: a lack of memory is an OSError here, not a fault later) have no disk under them."""
+    descriptor = os.memfd_create(os.path.basename(name) or "progress")  # close-on-exec
+    try:
+        os.posix_fallocate(descriptor, 0, size)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor, f"/proc/{os.getpid()}/fd/{descriptor}"

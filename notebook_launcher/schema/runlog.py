@@ -8,11 +8,11 @@ only regular files inside the run's folder (never a link out of it, a FIFO or a 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
-import re
-import shutil
 import stat
 import time
 import warnings
@@ -20,10 +20,20 @@ from collections.abc import Iterator
 
 from .events import LOG, RECORD_DATA, RECORD_KEYS, Event
 from .lines import LogRecords, StreamLines
+from .runfolders import (  # noqa: F401 (the runs folder's, read from here too)
+    KEEP_RUNS,
+    PRUNE_MIN_AGE_S,
+    RUN_ID,
+    RUNS_DIR_ENV_VAR,
+    new_run_folder,
+    prune,
+    run_id,
+    runs_root,
+    unusable,
+)
 
-RUNS_DIR_ENV_VAR = "NOTEBOOK_LAUNCHER_RUNS_DIR"
-RUN_ID = re.compile(r"\d{8}-\d{6}-\d+-[0-9a-f]{6}")
-KEEP_RUNS = 50
+KEEPALIVE_S = 60.0  # a live run's log is touched at least this often (RunLog.tick; pruning's margin counts on it)
+
 # json's own C encoder, called directly (json.dumps makes a new encoder at every call): compact separators
 _markers: dict = {}  # (what json.dumps checks circular references with; emptied after a failed line)
 # (allow_nan False: a NaN or an infinity raises, and the line is written again with null in its place)
@@ -34,45 +44,53 @@ _string = json.encoder.encode_basestring_ascii
 _STREAMS = {"stdout": '"stdout"', "stderr": '"stderr"'}
 
 
-def runs_root() -> str:
-    """Where run logs live: $NOTEBOOK_LAUNCHER_RUNS_DIR, else the user's cache directory."""
-    explicit = os.environ.get(RUNS_DIR_ENV_VAR)
-    if explicit:
-        return explicit
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "notebook_launcher", "runs")
-
-
 class RunLog:
     """One private directory per run: ``events.jsonl`` (every event, as it arrives) and ``run.json`` (summary).
 
-    Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``_prune``).
+    The log is a record, never a reason to lose a run: where the disk is full or failing (at the start or at any
+    moment), writing stops, ``incomplete`` says why, one warning goes to ``report_to``'s note, and the run goes
+    on. Only the newest ``KEEP_RUNS`` finished run directories are kept (see ``runfolders.prune``).
     """
 
     _FLUSH_EVERY_S = 0.5
 
     def __init__(self, root: str | None = None):
         root = root or runs_root()
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.run_id = f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.incomplete = ""  # why the log stopped being written ("" while it is whole)
+        self._note = None
+        self._events = None
+        self._touched = self._last_flush = time.monotonic()
+        self.run_id = run_id()  # (the name it has, even where the disk cannot hold the folder)
         self.path = os.path.join(root, self.run_id)
         try:
             os.makedirs(root, mode=0o700, exist_ok=True)
-            os.mkdir(self.path, mode=0o700)
+            self.run_id, self.path = new_run_folder(root)
             self._events = open(os.path.join(self.path, "events.jsonl"), "w", encoding="utf-8")
+        except FileExistsError as exc:
+            if os.path.isdir(root):  # a run id taken every time (new_run_folder): not a folder's permissions
+                raise
+            raise unusable(root, exc) from exc
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot write the run log in {root} ({exc.strerror or exc}): set "
-                          f"{RUNS_DIR_ENV_VAR} to a folder you can write to") from exc
-        self._last_flush = time.monotonic()
-        _prune(root, keep=KEEP_RUNS, current=self.run_id)
+            if exc.errno not in DISK_TROUBLE:
+                raise unusable(root, exc) from exc
+            self._lost(exc)
+        prune(root, keep=KEEP_RUNS, current=self.run_id)
+
+    def report_to(self, note) -> None:
+        """Where the one warning goes that the log is incomplete (at once, if it already is)."""
+        self._note = note
+        if self.incomplete:
+            note(self._warning())
 
     def write(self, event: Event) -> None:
-        self._events.write(_line(event))
-        self._flush_now_and_then()
+        if self._events is not None:
+            self._write(_line(event))
 
     def write_lines(self, lines: list) -> None:
         """``write`` for plain lines read together (``RankDemux``): one write for all. The lines of a run, whose
         shape the kernel made or checked itself, are written field by field, without the JSON encoder's walk."""
+        if self._events is None:
+            return
         out = []
         for item in lines:
             if type(item) is StreamLines:
@@ -85,27 +103,71 @@ class RunLog:
                 out += [_record_line(rank, seq + number, frame) for number, frame in enumerate(item.frames)]
             else:
                 out.append(_line(item))
-        self._events.write("".join(out))
-        self._flush_now_and_then()
+        self._write("".join(out))
 
-    def _flush_now_and_then(self) -> None:
+    def _write(self, text: str) -> None:
+        try:
+            self._events.write(text)
+            now = time.monotonic()
+            if now - self._last_flush > self._FLUSH_EVERY_S:
+                self._events.flush()
+                self._last_flush = self._touched = now
+        except OSError as exc:
+            self._lost(exc)
+
+    def tick(self) -> None:
+        """Called now and then while the run goes on: events.jsonl's time is moved at least every
+        ``KEEPALIVE_S``, so that a quiet run is seen live by any machine's pruning (``runfolders.prune``)."""
         now = time.monotonic()
-        if now - self._last_flush > self._FLUSH_EVERY_S:
-            self._events.flush()
-            self._last_flush = now
+        if self._events is not None and now - self._touched > KEEPALIVE_S:
+            self._touched = now
+            try:
+                os.utime(self._events.fileno())
+            except OSError:
+                pass  # (a failing disk: the next write says so)
 
     def write_summary(self, summary: dict) -> None:
-        with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
-            json.dump(_plain(summary), out, indent=2, default=str, allow_nan=False)
+        """run.json; where it cannot be written, the log is incomplete (never an error: the run is over)."""
+        if self.incomplete:
+            summary = {**summary, "log_incomplete": self.incomplete}
+        try:
+            with open(os.path.join(self.path, "run.json"), "w", encoding="utf-8") as out:
+                json.dump(_plain(summary), out, indent=2, default=str, allow_nan=False)
+        except OSError as exc:
+            self._lost(exc)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.path, "run.json"))  # not half a summary
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
     def close(self) -> None:
-        if not self._events.closed:
-            self._events.close()
+        if self._events is not None:
+            events, self._events = self._events, None
+            try:
+                events.close()
+            except OSError as exc:  # the last lines could not be flushed (the file is closed all the same)
+                self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        """Writing failed: the log stops here (once), and says so once."""
+        events, self._events = self._events, None
+        if events is not None:
+            with contextlib.suppress(OSError):
+                events.close()
+        if self.incomplete:
+            return
+        self.incomplete = f"{exc.strerror or exc}" + (f" (errno {exc.errno})" if exc.errno else "")
+        if self._note is not None:
+            self._note(self._warning())
+
+    def _warning(self) -> str:
+        return (f"warning: the run log in {self.path} is incomplete: {self.incomplete}. The run itself is not "
+                f"affected (its result, status and exit codes are in last_run()); free space there, or set "
+                f"{RUNS_DIR_ENV_VAR} to another folder, for the next run's log")
 
 
+DISK_TROUBLE = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # a log that cannot start for these: the run goes on
 def _line(event: Event) -> str:
     """The line json.dumps(event.to_json()) gives, compact, without making the dict (once per line)."""
     try:
@@ -314,44 +376,3 @@ def read_summary(run_dir: str) -> dict:
     return summary if isinstance(summary, dict) else {}
 
 
-PRUNE_MIN_AGE_S = 600  # a run folder younger than this is never pruned (it may belong to a run in progress)
-
-
-def _prune(root: str, keep: int, current: str = "") -> None:
-    """Keep the ``keep`` newest run folders, newest by the time they last changed (not by the stamp in their name,
-    which another kernel's time zone or a clock set back can put in the future). Never removed: the current run,
-    any folder changed in the last ``PRUNE_MIN_AGE_S`` seconds, and a folder without its summary whose kernel
-    (the pid in its name) is still alive on this machine: those may be runs still going on."""
-    now = time.time()
-    candidates = []
-    try:
-        entries = os.listdir(root)
-    except OSError:
-        return
-    for entry in entries:  # only our own run directories are ever removed, whatever else lives in that folder
-        path = os.path.join(root, entry)
-        if entry == current or not RUN_ID.fullmatch(entry):
-            continue
-        try:
-            changed = os.stat(path).st_mtime
-        except OSError:
-            continue
-        if not os.path.isdir(path) or now - changed < PRUNE_MIN_AGE_S or _maybe_in_progress(entry, path):
-            continue
-        candidates.append((changed, entry))
-    candidates.sort()
-    for _, old in candidates[:max(0, len(candidates) - keep)]:
-        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
-
-
-def _maybe_in_progress(run_id: str, path: str) -> bool:
-    if os.path.exists(os.path.join(path, "run.json")):
-        return False
-    pid = int(run_id.split("-")[2])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists (owned by someone else)
-    return True

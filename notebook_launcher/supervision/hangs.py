@@ -30,12 +30,16 @@ class HangWatch:
         self._done_at: dict[int, float] = {}  # rank -> when is_hang first saw it finished or exited
 
     def path_for(self, rank: int) -> str:
-        """The file of ``rank``'s record (created now), or "" when records are not kept."""
+        """The file of ``rank``'s record (created now, in memory: ``progress_record.reserve``), or "" when records
+        are not kept or memory cannot hold one (the rank runs without: the watch is blind to it)."""
         if not self.directory:
             return ""
-        path = os.path.join(self.directory, f"progress-{rank}.bin")
-        self._records[rank] = ProgressRecord(path, create=True)
-        return path
+        try:
+            record = self._records[rank] = ProgressRecord(os.path.join(self.directory, f"progress-{rank}.bin"),
+                                                          create=True)
+        except OSError:
+            return ""
+        return record.path
 
     def read(self) -> dict[int, dict]:
         """rank -> its record; where the rank does not write when it entered (DDP's gradient all_reduce, entered
