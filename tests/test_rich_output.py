@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 
 import psutil
@@ -304,3 +305,28 @@ def _environ(values: dict):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _sent_size(payload: dict) -> int:
+    sizes = [len(v) if isinstance(v, str) else len(json.dumps(v)) for part in ("data", "metadata")
+             for v in (payload.get(part) or {}).values()]
+    return sum(sizes)
+
+
+def test_a_ranks_display_bound_counts_widget_bundles_and_metadata_by_their_size():
+    sent = []
+    displays = rich_output.RankDisplays(lambda kind, data: sent.append(data))
+    view = {"model_id": "m", "version_major": 2, "version_minor": 0}
+    html = "<b>" + "x" * (int(3.9 * 2**20) - 3)  # 3.9 MB beside a widget's view, 60 times: past the rank's 64 MB
+    for i in range(60):
+        displays.display({"text/plain": f"widget {i}", "text/html": html, rich_output.WIDGET_VIEW: view}, None,
+                         None, False)
+    for i in range(6):  # a small bundle with 20 MB of metadata each
+        displays.display({"text/plain": f"meta {i}", "image/png": b"png"}, {"image/png": {"x": "y" * 20 * 2**20}},
+                         None, False)
+    total = sum(_sent_size(payload) for payload in sent)
+    assert total <= rich_output.MAX_RANK_BYTES and displays.sent_bytes == total
+    assert all(rich_output.WIDGET_VIEW not in payload["data"] for payload in sent)
+    assert all(len(json.dumps(payload["metadata"])) < 2**20 for payload in sent[-6:])
+    assert displays.cut >= 6 + 60 - rich_output.MAX_RANK_BYTES // len(html)
+    assert "text only" in displays.summary()

@@ -122,7 +122,7 @@ class RankDisplays:
             self.left_out += 1
             return
         self.sent += 1
-        self.sent_bytes += payload.get("bytes", 0) if not payload.get("omitted") else MAX_TEXT
+        self.sent_bytes += _wire_size(payload.get("data")) + _wire_size(payload.get("metadata"))  # what goes out
         try:
             self._emit(DISPLAY, payload)
         except (TypeError, ValueError):  # a value marshal refuses, after all: its text alone
@@ -131,12 +131,11 @@ class RankDisplays:
 
     def _payload(self, data: dict, metadata: dict | None) -> dict:
         """Jupyter's wire form of a bundle (bytes as base64, JSON values as plain JSON), within the bounds."""
-        bundle, size = {}, 0
+        bundle = {}
         for mime, value in (data or {}).items():
             value = _wire(value)
             if value is not None:
                 bundle[str(mime)] = value
-                size += len(value) if isinstance(value, str) else len(json.dumps(value))
         omitted = []
         if WIDGET_VIEW in bundle:
             del bundle[WIDGET_VIEW]
@@ -144,13 +143,14 @@ class RankDisplays:
             if not self.widget_noted:
                 self.widget_noted = True
                 print(WIDGET_NOTE.format(name="a widget's view"), file=sys.stderr)
+        metadata = {key: value for key, value in (_wire(metadata) or {}).items() if key in bundle} \
+            if isinstance(metadata, dict) else {}
+        size = _wire_size(bundle) + _wire_size(metadata)  # what it would send: every MIME type and the metadata
         if size > MAX_BUNDLE_BYTES or self.sent_bytes + size > MAX_RANK_BYTES:
             text = str(bundle.get("text/plain", ""))
             omitted += [mime for mime in bundle if mime != "text/plain"]
-            bundle = {"text/plain": text[:MAX_TEXT]}
+            bundle, metadata = {"text/plain": text[:MAX_TEXT]}, {}
             self.cut += 1
-        metadata = {key: value for key, value in (_wire(metadata) or {}).items() if key in bundle} \
-            if isinstance(metadata, dict) else {}
         if not data_within_bounds({"data": bundle, "metadata": metadata}):  # (the kernel's reader would refuse it)
             beyond = [mime for mime in bundle if mime != "text/plain"]
             if not self.bounds_noted:
@@ -169,6 +169,14 @@ class RankDisplays:
         return (f"notebook_launcher: this rank's displays went over its bounds for the run: {self.cut} sent as "
                 f"text only, {self.left_out} left out (at most {MAX_BUNDLE_BYTES // 2**20} MB a display, "
                 f"{MAX_RANK_BYTES // 2**20} MB and {MAX_RANK_DISPLAYS} displays a rank)")
+
+
+def _wire_size(values) -> int:
+    """Bytes a bundle or its metadata takes on the wire (a str by its length, JSON data as JSON)."""
+    if not values:
+        return 0
+    return sum(len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
+               for value in values.values())
 
 
 def _wire(value):

@@ -67,7 +67,8 @@ names the kind and the field. Fields a table does not name pass through unread (
              have published from the rank (``display()``, a matplotlib figure, ``update_display``,
              ``clear_output``), as Jupyter's wire form (binary data base64); ``omitted``: MIME types the rank left
              out (over ``rich_output.MAX_BUNDLE_BYTES``, over the rank's budget for the run, or a widget view),
-             ``bytes`` the bundle's size before that (``rank/rich_output.py``; shown by ``display/rich.py``)
+             ``bytes`` the size of the bundle and its metadata before that (``rank/rich_output.py``; shown by
+             ``display/rich.py``)
 ``text_escaped`` data: ``{"route": <the kind of the event>}``: text this rank sent held lone surrogates
              (``"\\ud800"``, which no UTF-8 can carry and which made jupyter_client and print() raise): the writer
              sent each as its backslash escape (``wire_text``, as a print's), and says so once per process (the
