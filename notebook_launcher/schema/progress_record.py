@@ -53,6 +53,7 @@ class ProgressRecord:
     _INSIDE = 16  # offset of the "inside" byte in a slot
     _PROGRESSED = struct.Struct("<d")
     _PROGRESSED_AT = _ENTRY.size
+    _OFFSETS = tuple(range(0, _SLOT_LAYOUT.size * THREAD_SLOTS, _SLOT_LAYOUT.size))
     _DDP_SLOT = _SLOT_LAYOUT.size * THREAD_SLOTS  # the DDP slot: step, sequence * 2 + inside, its call site
     _DDP_SITE = struct.Struct("<200s")
     _DDP_MEMBERS = _DDP_SLOT + 216
@@ -74,6 +75,7 @@ class ProgressRecord:
         self._ddp_members = b""  # the group of the DDP slot's model, as last written
         self._sequences = [0] * THREAD_SLOTS  # per slot: the thread's collectives so far
         self._entered = [0.0] * THREAD_SLOTS
+        self._members = [b""] * THREAD_SLOTS  # per slot: the group bitmap written last (written when it changes)
         self._owners: list = [None] * THREAD_SLOTS  # per slot past the first: the thread holding it
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -109,7 +111,9 @@ class ProgressRecord:
         """The calling thread enters collective ``operation`` (its number ``sequence + 1``) from ``call_site``,
         at DDP ``step``, in the process group whose ``members`` bitmap (``members_bitmap``) is given; returns
         the thread's slot, for ``leave``."""
-        slot = self.slot()
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self.slot()
         sequence = self._sequences[slot] = self._sequences[slot] + 1
         self._write(slot, sequence, 0, operation, call_site, step, members)
         return slot
@@ -127,8 +131,10 @@ class ProgressRecord:
 
     def _write(self, slot, sequence, waiting, operation, call_site, step, members) -> None:
         self._entered[slot] = now = time.monotonic()
-        offset = slot * self._SLOT_LAYOUT.size
-        self._MEMBERS.pack_into(self._map, offset + self._MEMBERS_AT, members)
+        offset = self._OFFSETS[slot]
+        if members is not self._members[slot]:
+            self._MEMBERS.pack_into(self._map, offset + self._MEMBERS_AT, members)
+            self._members[slot] = members
         self._ENTRY.pack_into(self._map, offset, sequence, now, 1, waiting, operation.encode()[:32],
                               call_site.encode("utf-8", "replace")[:200], step)
 
@@ -137,7 +143,7 @@ class ProgressRecord:
         of it spent waiting for other ranks, when not all of it was (DDP's backward computes too). ``slot``:
         what ``enter`` returned (else the calling thread's)."""
         slot = self.slot() if slot is None else slot
-        offset = slot * self._SLOT_LAYOUT.size
+        offset = self._OFFSETS[slot]
         now = time.monotonic()
         self._PROGRESSED.pack_into(self._map, offset + self._PROGRESSED_AT, now)
         self._map[offset + self._INSIDE] = 0
