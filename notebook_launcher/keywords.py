@@ -61,9 +61,10 @@ class LaunchKeywords:
         "was (its collective, call site and stack) and which rank diverged. With or without it, ranks waiting in a "
         "collective 2 s after another rank finished are diagnosed the same way")
     hang_warning: float | None = _keyword(
-        30.0, "seconds of no progress anywhere, while a rank waits in a collective, before a hang notice says "
-        "where every rank is and which diverged (the run goes on; a second notice says when progress resumes); "
-        "None: off. Progress: a collective completed (its own or DDP's), a `report(step=...)`, a function started")
+        30.0, "seconds a rank waits in a collective while no other rank of its process group makes progress, "
+        "before a hang notice says where every rank is and which diverged (the run goes on; a second notice says "
+        "when progress resumes); None: off. Progress: a collective completed (its own or DDP's; not one of a rank "
+        "alone), a `report(step=...)`, a function started")
     debug: bool | None = _keyword(
         None, "debug mode: every collective first checks that the ranks agree on operation, shapes and dtypes and "
         "raises `DistributedOperationException` at once if not. None follows `ACCELERATE_DEBUG_MODE`, else "

@@ -67,6 +67,7 @@ from torch.nn.parallel.distributed import _DDPJoinHook
 from ..schema.progress_record import DDP_GRADIENTS
 from . import balance_meter, context
 from .ops import call_site, set_inside
+from .work_watch import group_members
 
 ENV_VAR = "NOTEBOOK_LAUNCHER_DDP_WATCH"
 GRADIENTS = DDP_GRADIENTS
@@ -122,9 +123,10 @@ class _Watch:
     """One DDP model's side of the record: its step, its sampling period, the wait of its sampled steps."""
 
     __slots__ = ("step", "period", "step_time", "ended_at", "ended_step", "sampled", "hooked", "reducing_since",
-                 "wait", "on_cuda", "gpu_waits")
+                 "wait", "on_cuda", "gpu_waits", "members")
 
     def __init__(self, model):
+        self.members = group_members(getattr(model, "process_group", None))  # its group, for the record
         self.step = 0
         self.period = 1  # steps sampled: the multiples of this (1 until the step time is known)
         self.step_time = 0.0  # seconds per step, smoothed over the sampled steps
@@ -222,7 +224,7 @@ def _run_backward(t_outputs, *args, **kwargs):
     first = watches[0]
     if first.sampled:
         progress.ddp_site(call_site())  # the user's loss.backward(), on sampled steps only (it costs)
-    entered = progress.enter_ddp(first.step)
+    entered = progress.enter_ddp(first.step, first.members)
     _in_backward = True
     try:
         return _originals[_BACKWARD](t_outputs, *args, **kwargs)
@@ -247,10 +249,13 @@ def _construction_collective(name: str):
     """DDP's construction calls these two collectives (``torch.distributed.utils``) by their names in its module:
     each is recorded as the parameter broadcast, the rest of the construction as the rank's own work."""
 
+    position = 0 if name == "_verify_param_shape_across_processes" else 1  # where each takes process_group
+
     def collective(*args, **kwargs):
         if record() is None:
             return _originals[name](*args, **kwargs)
-        with _Inside(PARAMETERS, 0):
+        group = kwargs.get("process_group", args[position] if len(args) > position else None)
+        with _Inside(PARAMETERS, 0, group):
             return _originals[name](*args, **kwargs)
 
     return collective
@@ -283,7 +288,7 @@ def _sync_buffers(self):
     watch = self.__dict__.get(_ATTRIBUTE)
     if watch is None or record() is None:
         return _originals["_sync_buffers"](self)
-    with _Inside(BUFFERS, watch.step + 1):  # before the backward of the coming step
+    with _Inside(BUFFERS, watch.step + 1, self.process_group):  # before the backward of the coming step
         return _originals["_sync_buffers"](self)
 
 
@@ -291,7 +296,7 @@ def _join_main_hook(self):
     watch = self.ddp.__dict__.get(_ATTRIBUTE)
     if watch is None or record() is None:
         return _originals["main_hook"](self)
-    with _Inside(JOIN, watch.step):
+    with _Inside(JOIN, watch.step, self.ddp.process_group):
         return _originals["main_hook"](self)
 
 
@@ -299,17 +304,17 @@ class _Inside:
     """In one of DDP's collectives (run from Python): recorded at the user's line; the raw collectives it
     calls are not recorded again."""
 
-    def __init__(self, operation: str, step: int):
-        self.operation, self.step = operation, step
+    def __init__(self, operation: str, step: int, group=None):
+        self.operation, self.step, self.group = operation, step, group
 
     def __enter__(self):
         self.progress = record()
-        self.progress.enter(self.operation, call_site(), self.step)
+        self.slot = self.progress.enter(self.operation, call_site(), self.step, group_members(self.group))
         self.outer = set_inside(True)
 
     def __exit__(self, *exc_info):
         set_inside(self.outer)
-        self.progress.leave()
+        self.progress.leave(slot=self.slot)
         return False
 
 

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ..schema.errors import NotebookLauncherError
 from ..schema.events import SHAPE_MISMATCH, TRUE_VALUES
-from . import context
+from . import context, work_watch
 from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
 from .carry import can_finish_from_carried, finish_from_carried
 from .intercept import intercept, is_intercepted
@@ -217,7 +217,9 @@ class _collective:
         if progress is not None:
             site = site or call_site()
             name = self.operation.rsplit(".", 1)[-1]
-            progress.enter(f"FSDP {name}" if _called_by_fsdp() else name, site)
+            self.name = f"FSDP {name}" if _called_by_fsdp() else name
+            self.members = work_watch.group_members(self.group)
+            self.slot = progress.enter(self.name, site, members=self.members)
         try:
             if debug_mode_enabled():
                 self.carried = check_agreement(self.operation, self.subject, self.rule, self.group, site,
@@ -231,8 +233,15 @@ class _collective:
         if self.outer:
             _state.inside = False
             if self.progress is not None:
-                self.progress.leave()
+                self.progress.leave(slot=self.slot)
         return False
+
+    def launched(self, work):
+        """``work``, what the collective returned with ``async_op=True``: its wait is recorded as waiting in
+        this collective (``work_watch``). Returns ``work``."""
+        if self.outer and self.progress is not None and work is not None:
+            work_watch.launched(work, self.progress.sequence_of(self.slot), self.name, self.members)
+        return work
 
 
 def set_inside(inside: bool) -> bool:
@@ -370,7 +379,9 @@ _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
 def install() -> None:
     """In a launched worker: torch.distributed's collectives record where the rank is (``context.current``'s
     progress) and, in debug mode, check agreement first, a mismatch going to its writer as an event. Each is
-    caught at its function object, however the code reaches it; our own ops call the untouched copies."""
+    caught at its function object, however the code reaches it; our own ops call the untouched copies. A wait
+    for an async collective's work is recorded too (``work_watch``)."""
+    work_watch.install(call_site)
     for name, function in list(_raw.items()):
         if not is_intercepted(getattr(dist.distributed_c10d, name)):  # (_raw holds the copies once installed)
             _raw[name] = intercept(function, functools.partial(_wrapped, name, argument=RAW_COLLECTIVES[name][0],
@@ -406,7 +417,7 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
                          detail=_detail(bound)) as exchange:
             if exchange.carried is not None:
                 return finish_from_carried(name, bound, exchange.carried)
-            return original(*args, **kwargs)
+            return exchange.launched(original(*args, **kwargs))
 
     return collective
 

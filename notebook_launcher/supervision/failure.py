@@ -206,6 +206,10 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
     if waiting or not timed_out:  # (at a timeout, torch's own places count only beside a rank that waits long:
         waiting.update({rank: hang[rank] for rank in in_torch})  # a stack alone says nothing of how long)
     others = {rank: info for rank, info in hang.items() if rank not in waiting}
+    member_lists = [info.get("group") if info.get("inside") else None for info in waiting.values()]
+    if waiting and None not in member_lists:  # subgroups' collectives: only their members can be missing
+        members = set().union(*member_lists)
+        others = {rank: info for rank, info in others.items() if rank in members}
     if others:
         culprits = ", ".join(f"rank {rank} {_place(info)}" for rank, info in sorted(others.items()))
         headline = (f"The ranks stopped making progress: {culprits}, while "
@@ -213,7 +217,7 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
                     f"join. The diverging rank left the loop early or took another code path.")
     else:
         groups: dict[tuple, list[int]] = {}
-        for rank, info in hang.items():
+        for rank, info in waiting.items():
             key = (short_place(in_torch[rank]), None) if rank in in_torch else (info.get("operation"),
                                                                                   info.get("sequence"))
             groups.setdefault(key, []).append(rank)
@@ -222,7 +226,8 @@ def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq:
                              for (where, number), ranks in sorted(groups.items(), key=lambda item: item[1]))
             headline = f"The ranks stopped making progress: they wait in different collectives ({said})."
         else:
-            headline = "The ranks stopped making progress: every rank waits in the same collective."
+            who = "every rank waits" if len(waiting) == len(hang) else f"{ranks_text(waiting)} wait"
+            headline = f"The ranks stopped making progress: {who} in the same collective."
     if waiting:  # a timeout with nobody stuck in a collective is just a long run: no verdict
         lines.append(headline)
     for rank in sorted(hang):
@@ -249,10 +254,17 @@ def _place(info: dict, in_torch: str = "", dump: list[str] = ()) -> str:
     if info.get("state") == "exited":
         return f"had exited (last collective: {last})"
     if info.get("inside"):
+        last = f"{info.get('operation')} #{info.get('sequence')}{async_wait(info)} at {info.get('call_site')}"
         return f"waiting {info['now'] - info['since']:.1f} s in {last}"
     if in_torch:
         return f"in {in_torch} at {innermost_user_frame(list(dump)) or '?'} (last collective: {last})"
     return f"is not in any collective: busy or stuck in its own code (last collective: {last})"
+
+
+def async_wait(record: dict) -> str:
+    """What follows a collective's name where the rank waits in ``wait()`` for it, launched with
+    ``async_op=True`` earlier: " (async, in its wait())"; else ""."""
+    return " (async, in its wait())" if record.get("waiting_on_work") else ""
 
 
 def ranks_text(ranks) -> str:

@@ -1,9 +1,11 @@
 """Where every rank is, without its cooperation, and when waiting there has become a hang.
 
 Each rank's wrapped collectives keep a small record in shared memory up to date (``progress_record``: the
-collective it is inside, since when, its call site); the kernel reads them at any time, even while a rank is
-blocked inside a C++ collective and can say nothing on its pipes. ``HangWatch.is_hang`` is the automatic stop (a
-rank waits for one that finished); ``StallWatch`` is the watchdog that only warns (no progress for a while).
+collective each of its threads is inside or waits for, since when, its call site, its process group); the kernel
+reads them at any time, even while a rank is blocked inside a C++ collective and can say nothing on its pipes.
+A rank is judged by its oldest unfinished wait, whatever its other threads do, and only against the ranks of
+that collective's process group. ``HangWatch.is_hang`` is the automatic stop (a rank waits for a member of the
+group that finished); ``StallWatch`` is the watchdog that only warns (no progress for a while).
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import time
 
 from ..schema.events import PROGRESS, STATUS, STREAM
 from ..schema.lines import expand_lines
-from ..schema.progress_record import ProgressRecord
-from .failure import ranks_text
+from ..schema.progress_record import MEMBER_BITS, ProgressRecord, is_member, oldest_wait
+from .failure import async_wait, ranks_text
 from .stacks import cell_names, innermost_user_frame, short_place, torch_place, user_stack
 
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
@@ -26,7 +28,7 @@ class HangWatch:
     def __init__(self, directory: str):
         self.directory = directory
         self._records: dict[int, ProgressRecord] = {}
-        self._first_seen: dict[int, tuple[int, float]] = {}  # rank -> (sequence, when first seen inside)
+        self._first_seen: dict[tuple, tuple[int, float]] = {}  # (rank, slot) -> (sequence, when first seen inside)
         self._done_at: dict[int, float] = {}  # rank -> when is_hang first saw it finished or exited
 
     def path_for(self, rank: int) -> str:
@@ -42,35 +44,47 @@ class HangWatch:
         return record.path
 
     def read(self) -> dict[int, dict]:
-        """rank -> its record; where the rank does not write when it entered (DDP's gradient all_reduce, entered
-        at every step), ``since`` is when this watch first saw it there."""
+        """rank -> where it is: its oldest unfinished wait (of any thread), else its main thread's last
+        collective (``ProgressRecord.read``)."""
+        return {rank: oldest_wait(places) or places[0] for rank, places in self.read_slots().items()}
+
+    def read_slots(self) -> dict[int, list[dict]]:
+        """rank -> each of its threads' places (``ProgressRecord.slots``); where the rank does not write when it
+        entered (DDP's gradient all_reduce, entered at every step), ``since`` is when this watch first saw it
+        there."""
         now, records = time.monotonic(), {}
         for rank, record in self._records.items():
-            entry = records[rank] = record.read()
-            if entry["inside"] and not entry["since"]:
-                seen = self._first_seen.get(rank)
-                if seen is None or seen[0] != entry["sequence"]:
-                    seen = self._first_seen[rank] = (entry["sequence"], now)
-                entry["since"] = seen[1]
+            places = records[rank] = record.slots()
+            for place in places:
+                if place["inside"] and not place["since"]:
+                    key = (rank, place["slot"])
+                    seen = self._first_seen.get(key)
+                    if seen is None or seen[0] != place["sequence"]:
+                        seen = self._first_seen[key] = (place["sequence"], now)
+                    place["since"] = seen[1]
         return records
 
     def is_hang(self, done: set[int], now: float) -> bool:
-        """A rank has waited in a collective for HANG_GRACE_S since a rank in ``done`` (finished or exited) was
-        first seen done: that rank will never join it. (Counted from then, not from the collective's start: a
-        rank that waited long for one that completed the collective and then finished needs a moment to see
-        it complete. Any other stall is the timeout's to catch.)"""
+        """A rank (any of its threads) has waited in a collective for HANG_GRACE_S since a rank of that
+        collective's process group in ``done`` (finished or exited) was first seen done: that rank will never
+        join it. A done rank outside the group is no evidence. (Counted from then, not from the collective's
+        start: a rank that waited long for one that completed the collective and then finished needs a moment
+        to see it complete. Any other stall is the timeout's to catch.)"""
         if not self._records or not done:
             return False
         for rank in done:
             self._done_at.setdefault(rank, now)
-        first_done = min(self._done_at[rank] for rank in done)
-        waits = [now - max(record["since"], first_done) for rank, record in self.read().items()
-                 if rank not in done and record["inside"]]
-        return bool(waits) and max(waits) >= HANG_GRACE_S
+        for rank, places in self.read_slots().items():
+            for place in places if rank not in done else ():
+                absent = [self._done_at[other] for other in done if is_member(place["members"], other)]
+                if place["inside"] and absent and now - max(place["since"], min(absent)) >= HANG_GRACE_S:
+                    return True
+        return False
 
     def snapshot(self, states: dict[int, str], now: float) -> dict[int, dict]:
-        """rank -> its record (collective, sequence, call site, since), ``now`` and its ``state`` as given."""
-        records = self.read()
+        """rank -> its record (collective, sequence, call site, since, ``group``: its process group's ranks,
+        None for the default group), ``now`` and its ``state`` as given."""
+        records = {rank: with_group(record) for rank, record in self.read().items()}
         return {rank: {**records.get(rank, {}), "now": now, "state": state} for rank, state in states.items()}
 
     def close(self) -> None:
@@ -78,30 +92,45 @@ class HangWatch:
             record.close()
 
 
-class StallWatch:
-    """The stall watchdog: a notice when no rank has made progress for ``warning_s`` seconds while at least one
-    rank waits in a collective, and another when progress resumes. The run goes on either way.
+def with_group(record: dict) -> dict:
+    """``record`` with its process group's ``members`` bitmap as ``group``: the sorted global ranks (of those
+    the record can name), or None for the default group (every rank)."""
+    record = dict(record)
+    members = record.pop("members", b"")
+    record["group"] = [rank for rank in range(MEMBER_BITS) if is_member(members, rank)] if members else None
+    return record
 
-    *Progress* is any of: a rank's progress record shows it completed a collective (its ``sequence`` grew, its
-    ``inside`` went False, or its ``progressed_at`` moved: Python-level collectives and DDP's own), or a rank sent
-    a ``progress`` event (``report(step=...)``); a rank starting its function (its "running" status) counts too,
-    so that the time the ranks took to start is never taken for a stall. One notice per stall: after one opens,
-    the next comes only after a "cleared" one. ``warning_s`` None: no watchdog.
+
+class StallWatch:
+    """The stall watchdog: a notice when a rank has waited in a collective for ``warning_s`` seconds while no
+    other rank of that collective's process group has made progress, and another when progress resumes. The
+    run goes on either way.
+
+    A rank is judged by its oldest unfinished wait (any of its threads; an async collective's ``wait()``
+    included). *Progress* of a rank is any of: its progress record shows one of its threads completed a
+    collective (a ``sequence`` grew, an ``inside`` went False, or a ``progressed_at`` moved: Python-level
+    collectives and DDP's own) on a group of more than this one rank, or it sent a ``progress`` event
+    (``report(step=...)``); its starting its function (its "running" status) counts too, so that the time the
+    ranks took to start is never taken for a stall. A rank's own progress never clears its own wait: its
+    background thread's collectives do not hide its main thread's stall. One notice per stall: after one
+    opens, the next comes only after a "cleared" one. ``warning_s`` None: no watchdog.
     """
 
     def __init__(self, warning_s: float | None, hangs: HangWatch, timeout: float | None = None):
         self.warning_s = warning_s
         self._hangs = hangs
         self._timeout = timeout
-        self._last_progress = time.monotonic()
-        self._marks: dict[int, tuple] = {}  # rank -> (sequence, inside, progressed_at) when last read
-        self._open_since: float | None = None  # a notice is open: the last progress before it
+        self._started = time.monotonic()
+        self._progress_at: dict[int, float] = {}  # rank -> when it last made progress
+        self._marks: dict[tuple, tuple] = {}  # (rank, slot) -> (sequence, inside, progressed_at) when last read
+        self._open: tuple | None = None  # a notice is open: the stalled wait's (rank, slot, sequence, members)
+        self._open_since = 0.0  # ...and the last progress before it
         self._capture: dict[int, list[str]] | None = None  # rank -> its stderr lines while stacks are collected
 
     def observe(self, event) -> None:
         """Every event of the attempt: ``progress`` reports, and stderr lines while stacks are being dumped."""
         if event.kind == PROGRESS or (event.kind == STATUS and event.data.get("state") == "running"):
-            self._last_progress = max(self._last_progress, time.monotonic())
+            self._progressed(event.rank, time.monotonic())
         elif self._capture is not None and event.kind == STREAM and event.data.get("stream") == "stderr":
             self._capture.setdefault(event.rank, []).append(str(event.data.get("text", "")))
 
@@ -111,35 +140,60 @@ class StallWatch:
             for event in expand_lines(lines):
                 self.observe(event)
 
-    def _read_progress(self, now: float) -> dict[int, dict]:
-        records = self._hangs.read()
-        for rank, record in records.items():
-            mark = (record.get("sequence", 0), record.get("inside", False), record.get("progressed_at", 0.0) or 0.0)
-            sequence, inside, progressed_at = self._marks.get(rank, (0, False, 0.0))
-            self._marks[rank] = mark
-            if progressed_at < mark[2] <= now:
-                self._last_progress = max(self._last_progress, mark[2])
-            elif mark[0] > sequence or (inside and not mark[1]):
-                self._last_progress = max(self._last_progress, now)
-        return records
+    def _progressed(self, rank: int, at: float) -> None:
+        self._progress_at[rank] = max(self._progress_at.get(rank, self._started), at)
+
+    def _read_progress(self, now: float) -> dict[int, list[dict]]:
+        slots = self._hangs.read_slots()
+        for rank, places in slots.items():
+            for place in places:
+                key = (rank, place["slot"])
+                mark = (place["sequence"], place["inside"], place["progressed_at"] or 0.0)
+                sequence, inside, progressed_at = self._marks.get(key, (0, False, 0.0))
+                self._marks[key] = mark
+                if _alone(place["members"], rank):
+                    continue  # a collective of the rank with itself: its own work, like computing
+                if progressed_at < mark[2] <= now:
+                    self._progressed(rank, mark[2])
+                elif mark[0] > sequence or (inside and not mark[1]):
+                    self._progressed(rank, now)
+        return slots
+
+    def _last_progress(self, rank: int, wait: dict, states: dict[int, str]) -> float:
+        """The latest of: when ``rank`` began ``wait``, when another rank of its group last made progress."""
+        others = [self._progress_at.get(other, self._started) for other in states
+                  if other != rank and is_member(wait["members"], other)]
+        return max([wait["since"], *others])
 
     def check(self, states: dict[int, str], now: float, dump) -> dict | None:
         """The data of a ``hang_notice`` event due now, or None. ``states``: rank -> "running" | "finished" |
         "exited"; ``dump()``: asks every live rank for its Python stacks and reads them (blocking briefly)."""
         if self.warning_s is None:
             return None
-        records = self._read_progress(now)
-        if self._open_since is not None:
-            if self._last_progress <= self._open_since:
-                return None
-            lasted = self._last_progress - self._open_since
-            self._open_since = None
+        slots = self._read_progress(now)
+        if self._open is not None:
+            rank, slot, sequence, members = self._open
+            place = next((place for place in slots.get(rank, ()) if place["slot"] == slot), None)
+            if place is not None and place["inside"] and place["sequence"] == sequence:
+                last = self._last_progress(rank, {"since": 0.0, "members": members}, states)
+                if last <= self._open_since:
+                    return None
+            else:
+                last = place["progressed_at"] if place and place["progressed_at"] > self._open_since else now
+            lasted = last - self._open_since
+            self._open = None
             return {"state": "cleared", "quiet_s": round(lasted, 1), "text": f"progress resumed after {lasted:.0f} s"}
-        quiet = now - self._last_progress
-        if quiet < self.warning_s or not any(
-                state == "running" and records.get(rank, {}).get("inside") for rank, state in states.items()):
+        records, stalled = {}, []
+        for rank, places in slots.items():
+            wait = oldest_wait(places)
+            records[rank] = wait or places[0]
+            if wait is not None and states.get(rank) == "running":
+                stalled.append((now - self._last_progress(rank, wait, states), rank, wait))
+        if not stalled or max(stalled, key=lambda item: item[0])[0] < self.warning_s:
             return None
-        self._open_since = self._last_progress
+        quiet, rank, wait = max(stalled, key=lambda item: item[0])
+        self._open = (rank, wait["slot"], wait["sequence"], wait["members"])
+        self._open_since = now - quiet
         self._capture = {}
         try:
             dump()
@@ -147,6 +201,11 @@ class StallWatch:
         finally:
             self._capture = None
         return notice(records, states, lines, quiet, now, self._timeout)  # times as seen when it was due
+
+
+def _alone(members: bytes, rank: int) -> bool:
+    """Whether a group's ``members`` bitmap names ``rank`` alone."""
+    return bool(members) and int.from_bytes(members, "little").bit_count() == 2 and is_member(members, rank)
 
 
 def notice(records: dict[int, dict], states: dict[int, str], dumps: dict[int, list[str]], quiet: float,
@@ -187,7 +246,7 @@ def _rank_place(record: dict, state: str, lines: list[str], now: float, in_torch
         return {"state": "in_ddp", "text": f"in DDP's {operation[4:]}{step} at {site}"}
     if record.get("inside"):
         waited = now - record.get("since", now)
-        text = f"waiting {waited:.0f} s in {operation} #{record.get('sequence')} at {site}"
+        text = f"waiting {waited:.0f} s in {operation} #{record.get('sequence')}{async_wait(record)} at {site}"
         return {"state": "waiting", "text": text}
     where = innermost_user_frame(lines)
     if in_torch:
@@ -218,7 +277,8 @@ def _diverged(records: dict[int, dict], states: dict[int, str], inside_torch: di
     if len(groups) != 1:
         return None, ""
     (operation, sequence), waiting = next(iter(groups.items()))
-    others = [rank for rank in states if rank not in waiting]
+    members = records.get(waiting[0], {}).get("members", b"")  # a rank outside the group is not its business
+    others = [rank for rank in states if rank not in waiting and is_member(members, rank)]
     if len(others) != 1:
         return None, ""
     rank = others[0]
