@@ -3,7 +3,7 @@ tensor, carried in the check's rows (``ops.check_agreement``), only where the re
 
 Where it might not be, the call goes to torch as without debug mode (a second round): arguments torch refuses
 (its own error, then), a non-contiguous tensor (gloo reduces such a tensor its own way), half precision (the
-backend rounds at every step), a float sum or product over more than two ranks (the backend's order of
+backend rounds at every step), a bool's sum or product (gloo adds its bytes), a float sum or product over more than two ranks (the backend's order of
 addition is its own, and floats do not associate), and, seen once every rank's tensor is here, a float max or
 min over a NaN or over zeros of both signs (the backend keeps whichever of two "equal" values it met first).
 """
@@ -36,6 +36,8 @@ def can_finish_from_carried(name: str, bound: dict, subject, group) -> bool:
             return False
         if subject.is_complex():
             return op == dist.ReduceOp.SUM and world_size <= 2
+        if subject.dtype == torch.bool:  # gloo adds and multiplies a bool's bytes (True + True is a byte 2)
+            return op in _ORDERED
         return op in _ORDERED or not subject.is_floating_point() or world_size <= 2
     if name == "broadcast":
         return _source_index(bound, group) is not None
