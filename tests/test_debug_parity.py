@@ -266,3 +266,97 @@ def test_every_collective_gives_the_same_values_and_errors_with_and_without_debu
     assert raised["complex MAX"] == "ValueError"
     assert raised["all_gather_into_tensor, output of another dtype"] == "RuntimeError"
     print(f"{len(outcomes)} cases, {len(outcomes) - len(raised)} giving values, {len(raised)} raising")
+
+
+# -- whatever stands in a collective's place before notebook_launcher is imported ----------------------------------
+REPLACED_BEFORE_IMPORT = textwrap.dedent('''
+    import functools, json, sys
+    import torch, torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    torch_all_reduce = c10d.all_reduce
+    if sys.argv[1] == "wrapper":
+        def all_reduce(tensor, *args, **kwargs):  # the user's own: every sum counted twice
+            work = torch_all_reduce(tensor, *args, **kwargs)
+            tensor.mul_(2)
+            return work
+        c10d.all_reduce = all_reduce
+    elif sys.argv[1] == "partial":
+        c10d.all_reduce = functools.partial(torch_all_reduce)
+    else:  # an object that hides torch's function, in both of its places
+        class Opaque:
+            def __call__(self, *args, **kwargs):
+                return torch_all_reduce(*args, **kwargs)
+        c10d.all_reduce = dist.all_reduce = Opaque()
+
+    from notebook_launcher import check_trigger, last_run, notebook_launcher, ops
+
+    def function(debug):
+        rank = dist.get_rank()
+        tensor = torch.ones(1) * (rank + 1)
+        c10d.all_reduce(tensor)
+        results = {"c10d.all_reduce": tensor.item(), "ops.reduce": ops.reduce(torch.ones(1)).item(),
+                   "check_trigger": check_trigger()}
+        if debug and sys.argv[1] != "object":  # ranks that disagree: caught only where the call is watched
+            try:
+                dist.all_reduce(torch.ones(2 + rank))
+            except Exception as error:
+                results["disagreeing dist.all_reduce"] = type(error).__name__
+        return results
+
+    for debug in (False, True):
+        notebook_launcher(function, args=(debug,), num_processes=2, device="cpu", debug=debug, display="text")
+        print("RESULTS", json.dumps(last_run().results))
+''')
+
+
+def run_replaced(tmp_path, kind: str) -> subprocess.CompletedProcess:
+    """A fresh Python that replaces c10d's all_reduce, then imports notebook_launcher and launches (stopped whole
+    if it overruns)."""
+    script = tmp_path / "replaced.py"
+    script.write_text(REPLACED_BEFORE_IMPORT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, str(script), kind], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # its ranks too, whatever happened
+        except ProcessLookupError:
+            pass
+        process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+@pytest.mark.parametrize("kind", ["wrapper", "partial", "object"])
+def test_a_collective_replaced_before_import_still_runs_and_is_watched_where_it_can_be(tmp_path, kind):
+    completed = run_replaced(tmp_path, kind)
+    assert completed.returncode == 0, completed.stdout
+    plain, debug = [json.loads(line.split(" ", 1)[1]) for line in completed.stdout.splitlines()
+                    if line.startswith("RESULTS ")]
+    summed = 6.0 if kind == "wrapper" else 3.0  # the user's wrapper runs, debug mode or not
+    for rank in ("0", "1"):
+        expected = {"c10d.all_reduce": summed, "ops.reduce": 2.0, "check_trigger": False}
+        assert plain[rank] == expected
+        if kind != "object":  # the function behind the wrapper or partial is watched: debug mode catches it
+            expected["disagreeing dist.all_reduce"] = "DistributedOperationException"
+        assert debug[rank] == expected
+    hidden = "distributed_c10d.all_reduce (used by ops): replaced by an object of type Opaque that hides torch's"
+    assert completed.stdout.count(hidden) == (2 if kind == "object" else 0)  # said once per launch
+
+
+def fails_in_a_collective():
+    dist.all_reduce(torch.ones(2), op=R.BAND)  # torch refuses BAND on floats
+
+
+def test_a_traceback_through_a_watched_collective_shows_a_line_that_says_what_it_is():
+    with pytest.raises(RankFailedError) as caught:
+        notebook_launcher(fails_in_a_collective, num_processes=2, device="cpu", display="text")
+    message = str(caught.value)
+    frame = re.search(r'File "[^"]*intercept\.py", line \d+, in all_reduce\n(.*)\n', message)
+    assert frame, message
+    assert frame.group(1).strip() == \
+        "return _notebook_launcher_hook_(*args, **kwargs)  # notebook_launcher: this collective, watched"
+    assert "RuntimeError: Cannot use ReduceOp.BAND with non-integral dtype" in message

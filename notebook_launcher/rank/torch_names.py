@@ -84,8 +84,9 @@ def _hidden_collectives() -> list[str]:
         return []
     from .ops import HIDDEN  # (imports torch.distributed, which is imported already)
 
-    return [f"torch.distributed.distributed_c10d.{name} (used by ops): it is a {type(value).__name__} that hides "
-            f"torch's function, so this collective is neither recorded nor checked in debug mode"
+    return [f"torch.distributed.distributed_c10d.{name} (used by ops): replaced by an object of type "
+            f"{type(value).__name__} that hides torch's function, so this collective is neither recorded nor "
+            f"checked in debug mode"
             for name, value in HIDDEN.items()]
 
 
