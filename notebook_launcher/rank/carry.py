@@ -3,9 +3,10 @@ tensor, carried in the check's rows (``ops.check_agreement``), only where the re
 
 Where it might not be, the call goes to torch as without debug mode (a second round): arguments torch refuses
 (its own error, then), a non-contiguous tensor (gloo reduces such a tensor its own way), half precision (the
-backend rounds at every step), a bool's sum or product (gloo adds its bytes), a float sum or product over more than two ranks (the backend's order of
-addition is its own, and floats do not associate), and, seen once every rank's tensor is here, a float max or
-min over a NaN or over zeros of both signs (the backend keeps whichever of two "equal" values it met first).
+backend rounds at every step), a bool's sum or product (gloo adds its bytes), a float sum or product over more
+than two ranks (the backend's order of addition is its own, and floats do not associate), and, seen once every
+rank's tensor is here, a float max or min over a NaN or over zeros of both signs (the backend keeps whichever of
+two "equal" values it met first).
 """
 
 from __future__ import annotations

@@ -414,7 +414,7 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
         with _collective(f"torch.distributed.{name}", subject, rule_here, group, carry=carry,
                          detail=detail_of(bound)) as exchange:
             # torch's own checks come after the agreement check: a call torch refuses on every rank raises torch's
-            # error there, and only one torch would compute exactly as it would is finished from the carried tensors
+            # own error here; only a result the carried tensors give exactly as torch would is finished from them
             if exchange.carried is not None and finish_from_carried(name, bound, exchange.carried):
                 return None
             return original(*args, **kwargs)
