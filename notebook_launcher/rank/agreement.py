@@ -77,6 +77,19 @@ def signature(operation: str, subject, rule: str, detail: int = 0) -> list[int]:
     return row
 
 
+def detail_of(bound: dict) -> int:
+    """The reduce op, source or destination of a raw collective's call (its bound arguments): the ranks must
+    agree on it too."""
+    for key in ("op", "src", "dst", "group_src", "group_dst"):
+        value = bound.get(key)
+        if value is not None:
+            try:
+                return int(value) + 1
+            except (TypeError, ValueError):
+                return stable_code(value)
+    return 0
+
+
 def stable_code(value) -> int:
     """A number for ``value`` that is the same in every process (``hash()`` of a str is not)."""
     return sum(ord(character) * (index + 1) for index, character in enumerate(str(value))) % 100_000

@@ -26,9 +26,22 @@ HOOK_KEYWORD = "_notebook_launcher_hook_"  # where the trampoline finds its hook
 _TRAMPOLINES: dict[int, types.CodeType] = {}  # number of free variables -> the trampoline's code
 
 
+def _shown_in_tracebacks():
+    """What a traceback shows of a trampoline's frame: its code is made (below) so that its call of the hook is
+    this function's line, and reads as what it is."""
+    def collective(*args, _notebook_launcher_hook_=None, **kwargs):
+        return _notebook_launcher_hook_(*args, **kwargs)  # notebook_launcher: this collective, watched
+    return collective
+
+
+_SHOWN_CODE = _shown_in_tracebacks().__code__
+_SHOWN_LINE = max(line for _, _, line in _SHOWN_CODE.co_lines() if line is not None)  # the hook's call
+
+
 def _trampoline(free_variables: int) -> types.CodeType:
     """Code that calls ``HOOK_KEYWORD``'s default with the call's arguments; it has as many free variables as
-    the function it replaces (CPython checks that the closure still fits the code), and never reads them."""
+    the function it replaces (CPython checks that the closure still fits the code), and never reads them. Its
+    line numbers put the hook's call on ``_shown_in_tracebacks``'s line, which has the same text and columns."""
     if free_variables not in _TRAMPOLINES:
         names = [f"_free_{index}" for index in range(free_variables)]
         source = ["def _outer():"] + [f"    {name} = None" for name in names] + [
@@ -40,8 +53,47 @@ def _trampoline(free_variables: int) -> types.CodeType:
         source.append("    return collective")
         namespace: dict = {}
         exec(compile("\n".join(source), "<notebook_launcher trampoline>", "exec"), namespace)  # noqa: S102
-        _TRAMPOLINES[free_variables] = namespace["_outer"]().__code__
+        code = namespace["_outer"]().__code__
+        call_line = max(line for _, _, line in code.co_lines() if line is not None)
+        _TRAMPOLINES[free_variables] = code.replace(co_firstlineno=code.co_firstlineno + _SHOWN_LINE - call_line)
     return _TRAMPOLINES[free_variables]
+
+
+def own_function(name: str, candidates, home: str) -> types.FunctionType | None:
+    """The function named ``name`` whose code lives under folder ``home`` (torch's own), among ``candidates``
+    and what they wrap (``__wrapped__``, a partial's ``func``): a user's wrapper put in its place is left alone,
+    the function it calls is the one to intercept. None if none of them leads to it."""
+    seen = set()
+    pending = [candidate for candidate in candidates if candidate is not None]
+    while pending:
+        candidate = pending.pop(0)
+        if id(candidate) in seen or len(seen) > 32:
+            continue
+        seen.add(id(candidate))
+        code = getattr(candidate, "__code__", None) if isinstance(candidate, types.FunctionType) else None
+        if code is not None and getattr(candidate, "__name__", None) == name and \
+                os.path.abspath(code.co_filename).startswith(home):
+            return candidate
+        for attribute in ("__wrapped__", "func"):
+            inner = getattr(candidate, attribute, None)
+            if inner is not None:
+                pending.append(inner)
+    return None
+
+
+def own_functions(names, namespaces, home: str) -> tuple[dict, dict]:
+    """For each of ``names``: the function ``own_function`` finds behind the namespaces' attributes of that
+    name; where none leads to it, the first namespace's callable, in both dicts returned (the second: those
+    whose own function is hidden, so they cannot be intercepted)."""
+    found, hidden = {}, {}
+    for name in names:
+        present = [getattr(namespace, name, None) for namespace in namespaces]
+        function = own_function(name, present, home)
+        if function is not None:
+            found[name] = function
+        elif callable(present[0]):
+            found[name] = hidden[name] = present[0]
+    return found, hidden
 
 
 def is_intercepted(function) -> bool:
@@ -70,9 +122,9 @@ def intercept(function: types.FunctionType, make_hook: Callable[[Callable], Call
     had_signature = "__signature__" in function.__dict__
     function.__signature__ = inspect.signature(original)
     hook = make_hook(original)
-    # named as the function, in this file (near _trampoline): a stack shows `all_reduce` and counts it as ours
-    names = {"co_name": function.__name__, "co_filename": _THIS_FILE,
-             "co_firstlineno": _trampoline.__code__.co_firstlineno}
+    # named as the function, in this file: a stack shows `all_reduce`, counts it as ours, and shows the line
+    # of _shown_in_tracebacks that calls the hook
+    names = {"co_name": function.__name__, "co_filename": _THIS_FILE}
     if sys.version_info >= (3, 11):
         names["co_qualname"] = function.__qualname__
     function.__code__ = _trampoline(len(function.__code__.co_freevars)).replace(**names)

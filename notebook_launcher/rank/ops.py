@@ -32,7 +32,6 @@ import inspect
 import os
 import sys
 import threading
-import types
 
 import torch
 import torch.distributed as dist
@@ -40,14 +39,17 @@ import torch.distributed as dist
 from ..schema.errors import NotebookLauncherError
 from ..schema.events import SHAPE_MISMATCH, TRUE_VALUES
 from . import context, work_watch
-from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, mismatch, signature, stable_code
+from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, detail_of, mismatch, signature, stable_code
 from .carry import can_finish_from_carried, finish_from_carried
-from .intercept import intercept, is_intercepted
+from .intercept import intercept, is_intercepted, own_functions
 
 CARRY_BYTES = 1024  # debug mode: tensors up to this size travel with the agreement check (one round, not two)
-# the raw collectives this torch has; after install(), untouched copies of them (which our own ops call)
-_raw = {name: getattr(dist.distributed_c10d, name) for name in RAW_COLLECTIVES
-        if isinstance(getattr(dist.distributed_c10d, name, None), types.FunctionType)}
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+# the raw collectives this torch has (torch's own functions, found behind a user's wrapper or partial); after
+# install(), untouched copies of them, which our own ops call. HIDDEN: those behind something that does not lead
+# to torch's function (called as they are, neither recorded nor checked; torch_names.missing() says so)
+_raw, HIDDEN = own_functions(RAW_COLLECTIVES, (dist.distributed_c10d, dist), _TORCH_DIR)
+_INTERCEPTED = {name: function for name, function in _raw.items() if name not in HIDDEN}  # what install() hooks
 _FLAT_GATHER = "all_gather_single" if "all_gather_single" in _raw else "all_gather_into_tensor"  # newer name first
 _state = threading.local()  # .inside: a collective is in progress on this thread (nested calls are not checked)
 
@@ -114,7 +116,9 @@ def broadcast(tensor, from_process: int = 0):
     """``tensor`` from rank ``from_process`` on every rank (in place; also returned)."""
     if not _distributed():
         return tensor
-    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", carry=True, detail=from_process) as exchange:
+    carry = isinstance(from_process, int) and 0 <= from_process < dist.get_world_size()  # else torch's own error
+    with _collective("notebook_launcher.ops.broadcast", tensor, "shape", carry=carry,
+                     detail=from_process if isinstance(from_process, int) else stable_code(from_process)) as exchange:
         if exchange.carried is not None:  # debug mode: rank from_process's tensor came with the check
             with torch.no_grad():
                 tensor.copy_(exchange.carried[from_process])
@@ -371,7 +375,6 @@ def _called_by_fsdp() -> bool:
 
 
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
 
 
@@ -379,11 +382,12 @@ _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
 def install() -> None:
     """In a launched worker: torch.distributed's collectives record where the rank is (``context.current``'s
     progress) and, in debug mode, check agreement first, a mismatch going to its writer as an event. Each is
-    caught at its function object, however the code reaches it; our own ops call the untouched copies. A wait
+    caught at its function object, however the code reaches it; our own ops call the untouched copies. A
+    user's wrapper put in a collective's place is left as it is: it runs, and reaches the hooked function. A wait
     for an async collective's work is recorded too (``work_watch``)."""
     work_watch.install(call_site)
-    for name, function in list(_raw.items()):
-        if not is_intercepted(getattr(dist.distributed_c10d, name)):  # (_raw holds the copies once installed)
+    for name, function in _INTERCEPTED.items():
+        if not is_intercepted(function):  # (_raw holds the copies once installed)
             _raw[name] = intercept(function, functools.partial(_wrapped, name, argument=RAW_COLLECTIVES[name][0],
                                                                rule=RAW_COLLECTIVES[name][1]))
 
@@ -401,8 +405,13 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
         if plain and len(args) <= len(names) and not kwargs.keys() - names[len(args):]:
             bound = {**dict(zip(names, args)), **kwargs}
         else:
-            bound = parameters.bind_partial(*args, **kwargs).arguments
+            try:
+                bound = parameters.bind_partial(*args, **kwargs).arguments
+            except TypeError:  # arguments torch refuses: its own error, as without the hook
+                return original(*args, **kwargs)
         group = bound.get("group")
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            return original(*args, **kwargs)  # group="junk": torch's own error (nothing to record or check)
         if group is not None and dist.distributed_c10d._rank_not_in_group(group):
             return original(*args, **kwargs)  # not a member: a no-op for this rank, in torch too
         subject = bound.get(argument) if argument else None
@@ -412,23 +421,14 @@ def _wrapped(name: str, original, argument: str | None, rule: str):
             rule_here = "shape"  # uneven sizes are for NCCL and the like: gloo aborts the process on them
         else:
             rule_here = rule
-        carry = can_finish_from_carried(name, bound, subject, group)
+        carry = debug_mode_enabled() and can_finish_from_carried(name, bound, subject, group)
         with _collective(f"torch.distributed.{name}", subject, rule_here, group, carry=carry,
-                         detail=_detail(bound)) as exchange:
-            if exchange.carried is not None:
-                return finish_from_carried(name, bound, exchange.carried)
+                         detail=detail_of(bound)) as exchange:
+            # torch's own checks come after the agreement check: a call torch refuses on every rank raises torch's
+            # own error here; only a result the carried tensors give exactly as torch would is finished from them
+            if exchange.carried is not None and finish_from_carried(name, bound, exchange.carried):
+                return None
             return exchange.launched(original(*args, **kwargs))
 
     return collective
 
-
-def _detail(bound: dict) -> int:
-    """The reduce op, source or destination of a call: the ranks must agree on it too."""
-    for key in ("op", "src", "dst", "group_src", "group_dst"):
-        value = bound.get(key)
-        if value is not None:
-            try:
-                return int(value) + 1
-            except (TypeError, ValueError):
-                return stable_code(value)
-    return 0
