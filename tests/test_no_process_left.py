@@ -17,6 +17,7 @@ import pytest
 from test_kernel import _assert_ok, run_cell, running_kernel
 
 from notebook_launcher import RankFailedError, notebook_launcher
+from notebook_launcher.schema.proctree import is_subreaper
 
 RANK_GONE_S = 60  # how long the test's own killer waits for the rank to announce itself (the run ends sooner)
 
@@ -36,15 +37,18 @@ def _pids(folder) -> list[int]:
 
 @contextlib.contextmanager
 def daemons_checked(folder):
-    """After the block: every daemon the run made is gone, not even a zombie, and this process has no child.
-    Whatever failed, a daemon still alive is killed, so a failing test leaves nothing."""
+    """After the block: every daemon the run made is gone, not even a zombie, this process has no child, and it is
+    a subreaper as much as before. Whatever failed, a daemon still alive is killed, so a failing test leaves
+    nothing."""
     folder.mkdir()
+    subreaper = is_subreaper()
     try:
         yield folder
         pids = _pids(folder)
         assert pids, "the run made no daemon"
         assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
         assert psutil.Process().children(recursive=True) == []
+        assert is_subreaper() == subreaper
     finally:
         for pid in _pids(folder):
             with contextlib.suppress(psutil.Error):

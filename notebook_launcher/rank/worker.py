@@ -3,7 +3,9 @@
 This module only knows the event schema (``events``); it never imports the kernel side. A worker:
 
 1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on, and is the
-   subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it);
+   subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it; if the rank is
+   killed or aborts, the kernel, a subreaper too, ends it); it is in a process group of its own that it does
+   not lead, so ``os.setsid()`` works in the user's code;
 2. points fd 1 and fd 2 at pipes of its own and replaces ``sys.stdout``/``sys.stderr`` with unbuffered writers on
    them, so Python prints and C/C++ output (gloo, NCCL, torch warnings) reach the kernel in order and nothing is
    held in a buffer when the process is killed;

@@ -187,13 +187,37 @@ def end_own_descendants(wait_s: float = END_DESCENDANTS_S) -> None:
         time.sleep(0.002)
 
 
-def adopted(since: int, seen: dict[int, int], spare) -> tuple[list[int], list[int]]:
+def _own_children() -> set[int] | None:
+    """This process's children, from each of its threads' list in /proc; None where the system has none."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return None
+    children: set[int] = set()
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/children", "rb") as listed:
+                children.update(int(pid) for pid in listed.read().split())
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile: its children went to another thread, listed there
+        except OSError:
+            return None
+    return children
+
+
+def adopted(since: int, seen: dict[int, int], spare, quick: bool = True) -> tuple[list[int], list[int]]:
     """What a launch left as children of this process (a subreaper while ranks run), and what lies below them.
 
     A child is the launch's when it is not in ``spare`` (the ranks themselves), it started at ``since`` or later,
     and it was ``seen`` below a rank (pid -> start time) or it is outside this process's group: a rank's
     descendants are in the rank's group or in one they made, while the subprocesses of the process itself (and
-    their orphans) are in its group, unless made in a new session while the launch runs."""
+    their orphans) are in its group, unless made in a new session while the launch runs. ``quick``: a look at
+    this process's children first, and no more when they are all spared (the usual case)."""
+    own = _own_children() if quick else None
+    if own is not None and own <= set(spare):
+        return [], []
     table = _table()
     children = _children(table)
     own_group = os.getpgrp()

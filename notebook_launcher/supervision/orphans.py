@@ -55,12 +55,12 @@ class Orphans:
             _holders += 1
         self._held = True
 
-    def end(self, seen: dict[int, int]) -> bool:
+    def end(self, seen: dict[int, int], quick: bool = True) -> bool:
         """One round, without waiting: SIGKILL what the ranks left that is now a child of ours and everything below
         it, and reap what has exited; ``seen``: pid -> start time of the ranks' descendants once noted. False
         once a round finds nothing of the attempt (one that killed something is followed by another: a process
         killed as it forked leaves a new orphan)."""
-        launched, below = adopted(self._since, seen, set(_spared))
+        launched, below = adopted(self._since, seen, set(_spared), quick)
         for pid in launched + below:  # children first: an unreaped child's pid cannot be anyone else's
             kill(pid, signal.SIGKILL)
         self._killed.update(launched)
@@ -80,7 +80,7 @@ class Orphans:
         if not self._held:
             return
         deadline = time.monotonic() + RELEASE_WAIT_S
-        while self.end(seen) and time.monotonic() < deadline:
+        while self.end(seen, quick=False) and time.monotonic() < deadline:
             time.sleep(0.002)
         self._held = False
         with _lock:
