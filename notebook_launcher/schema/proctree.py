@@ -148,13 +148,6 @@ def kill(pid: int, signum: int) -> None:
         pass
 
 
-def kill_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        kill(pgid, signum)  # the child may not have made its group yet
-
-
 def _has_children() -> bool:
     """Whether this process has any child, in one system call (``waitid`` with WNOWAIT reaps nothing). As the
     subreaper of what it started, it has one whenever anything lives below it."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
 
-from ..schema.proctree import children_of, current_group, descendants, kill, kill_group
+from ..schema.proctree import children_of, current_group, descendants, kill
 
 _PF_EXITING = 0x4  # include/linux/sched.h
 
@@ -105,9 +106,10 @@ def signal_all(workers: list[WorkerProcess], signum: int, spare=()) -> None:
     for pid in descendants(alive):
         kill(pid, signum)
     for pid in alive:
-        group = current_group(pid)
+        group = current_group(pid)  # (it lives: its group cannot be anyone else's)
         if group not in (None, os.getpgrp()):
-            kill_group(group, signum)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
         kill(pid, signum)
 
 
