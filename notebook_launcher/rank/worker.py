@@ -3,7 +3,9 @@
 This module only knows the event schema (``events``); it never imports the kernel side. A worker:
 
 1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on, and is the
-   subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it);
+   subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it; if the rank is
+   killed or aborts, the kernel, a subreaper too, ends it); it is in a process group of its own that it does
+   not lead, so ``os.setsid()`` works in the user's code;
 2. points fd 1 and fd 2 at pipes of its own and replaces ``sys.stdout``/``sys.stderr`` with unbuffered writers on
    them, so Python prints and C/C++ output (gloo, NCCL, torch warnings) reach the kernel in order and nothing is
    held in a buffer when the process is killed;
@@ -43,11 +45,12 @@ _RETURNED_KEY = "notebook_launcher/returned"
 _LEFT_KEY = "notebook_launcher/left"
 
 
-def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None:
-    """Entry point in a forked child. Never returns."""
+def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close, process_group: int = 0) -> None:
+    """Entry point in a forked child. Never returns. ``process_group``: the group made for this rank, which it
+    joins without leading it (a group leader's ``os.setsid()`` fails with EPERM; the user's code may call it)."""
     exit_code = 70  # EX_SOFTWARE, if even the setup below fails
     try:
-        os.setpgid(0, 0)  # own process group: teardown can reach DataLoader workers; SIGINT stays with the kernel
+        _own_process_group(process_group)
         _reset_multiprocessing_after_fork()
         inherit_kernel_main()  # the notebook's classes in a result come back as the notebook's
         for fd in inherited_fds_to_close:
@@ -58,6 +61,15 @@ def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close) -> None
         exit_code = _run(spec, lambda: (function, args))
     finally:
         os._exit(exit_code)
+
+
+def _own_process_group(group: int) -> None:
+    """A process group of its own, so a teardown reaches DataLoader workers and Jupyter's SIGINT to the kernel's
+    group stays with the kernel: ``group`` (also set by the kernel, whichever runs first), else one it leads."""
+    try:
+        os.setpgid(0, group)
+    except OSError:  # the group is gone already (the kernel's setpgid failed): one of its own, as before
+        os.setpgid(0, 0)
 
 
 def _reset_multiprocessing_after_fork() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
 
-from ..schema.proctree import children_of, descendants, kill, kill_group
+from ..schema.proctree import children_of, current_group, descendants, kill
 
 _PF_EXITING = 0x4  # include/linux/sched.h
 
@@ -96,7 +97,8 @@ def signal_name(signum: int | None) -> str | None:
 
 
 def signal_all(workers: list[WorkerProcess], signum: int, spare=()) -> None:
-    """``signum`` to every live worker but the ranks in ``spare``: its descendants, then its process group."""
+    """``signum`` to every live worker but the ranks in ``spare``: its descendants, then its process group (the
+    one it is in now: it may have made a session of its own), and itself."""
     for worker in workers:
         if worker.alive and worker.rank not in spare and signum == signal.SIGKILL:
             worker.sigkill_sent = True
@@ -104,7 +106,11 @@ def signal_all(workers: list[WorkerProcess], signum: int, spare=()) -> None:
     for pid in descendants(alive):
         kill(pid, signum)
     for pid in alive:
-        kill_group(pid, signum)
+        group = current_group(pid)  # (it lives: its group cannot be anyone else's)
+        if group not in (None, os.getpgrp()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
+        kill(pid, signum)
 
 
 def ask_for_stacks(workers: list[WorkerProcess], xla: bool) -> None:

@@ -13,8 +13,9 @@ import selectors
 import signal
 import time
 
-from ..schema.proctree import descendants_of_each, kill_if_same
+from ..schema.proctree import current_group, descendants_of_each, kill_if_same
 from .handles import WorkerProcess, ask_for_stacks, signal_all
+from .orphans import Orphans, spare, unspare
 from .starters import start_each_rank, start_xla_host, starter_for
 
 DESCENDANT_SCAN_S = 1.0  # how often the processes below each rank are noted (to end them if the rank is killed)
@@ -32,6 +33,8 @@ class RankProcesses:
         self._starter = starter_for(plan)
         self._selector = selectors.DefaultSelector()
         self._below: dict[int, dict[int, int]] = {}  # rank -> its descendants when last looked (pid -> start time)
+        self._seen: dict[int, int] = {}  # every descendant of a rank ever noted (pid -> start time)
+        self._orphans: Orphans | None = None  # this process as the ranks' subreaper, from their start to release
         self._scanned_at = time.monotonic()  # a short launch never pays for a scan
         self.wake_read, self.wake_write = os.pipe()  # written by a deferred interrupt: the select returns at once
         for fd in (self.wake_read, self.wake_write):
@@ -43,6 +46,7 @@ class RankProcesses:
         """Every rank (or the XLA host of every ordinal), each with its ``WorkerSpec`` from ``spec_for(worker,
         pipes)``; the workers in the order started."""
         started = start_xla_host if self.plan.xla is not None else start_each_rank
+        self._orphans = Orphans()  # before any rank exists: what one leaves when it dies comes to this process
         for worker, pipes in started(self.plan, self._starter, spec_for, self.store_listen_fd):
             self._watch(worker, pipes)
         return self.workers
@@ -54,6 +58,7 @@ class RankProcesses:
             os.set_blocking(read, False)  # lets a reaped worker's pipes be drained without waiting
             worker.read_fds[name] = read
             self._selector.register(read, selectors.EVENT_READ, (worker, name))
+        spare(worker.pid)
         if worker.host is None and worker.open_pidfd() is not None:
             self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, EXIT))
         self.workers.append(worker)
@@ -102,21 +107,27 @@ class RankProcesses:
         live = {worker.pid: worker.rank for worker in self.workers if worker.alive}
         for pid, below in descendants_of_each(list(live)).items():
             self._below[live[pid]] = below
+            self._seen.update(below)
 
     # -- reap and signal ---------------------------------------------------------------------------------------
     def reap(self, worker: WorkerProcess) -> bool:
-        """If it has exited: its pidfd closed and what it left behind ended; True when it was reaped now."""
+        """If it has exited: its pidfd closed and what it left behind ended (its group, what was noted below it,
+        and what it left to this process, their subreaper); True when it was reaped now."""
+        group = current_group(worker.pid) if worker.alive else None  # (read while it cannot be anyone else)
         if not worker.alive or not worker.try_reap():
             return False
         if worker.pidfd is not None:
             self._selector.unregister(worker.pidfd)
             os.close(worker.pidfd)
             worker.pidfd = None
-        try:  # whatever it left behind in its group (DataLoader workers) goes with it; never by its old pid
-            os.killpg(worker.pid, signal.SIGKILL)
+        try:  # whatever it left behind in its group (DataLoader workers) goes with it
+            if group not in (None, os.getpgrp()):
+                os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         kill_if_same(self._below.pop(worker.rank, {}))  # and what it started outside its group
+        if self._orphans is not None:
+            self._orphans.end(self._seen)  # and its orphans, now children of this process
         return True
 
     def without_pidfd(self) -> list[WorkerProcess]:
@@ -135,8 +146,12 @@ class RankProcesses:
             self._selector.unregister(key.fd)
 
     def release(self) -> None:
-        """Every descriptor closed (the workers already reaped by the monitor's teardown)."""
+        """Every descriptor closed (the workers already reaped by the monitor's teardown), and nothing the ranks
+        left alive: then this process stops being their subreaper."""
+        if self._orphans is not None:
+            self._orphans.release(self._seen)
         for worker in self.workers:
+            unspare(worker.pid)
             for fd in [*worker.read_fds.values()] + ([worker.pidfd] if worker.pidfd is not None else []):
                 os.close(fd)
             worker.read_fds.clear()

@@ -2,16 +2,19 @@
 
 ``start(spec, fds_to_close) -> (pid, popen or None)``: the child writes into the pipes named in ``spec``; the
 kernel keeps the read ends. Both put the child in a process group of its own (a teardown reaches what it starts;
-the SIGINT Jupyter sends to the kernel's group does not hit it half-way through a collective). Neither starts
-a thread: the kernel forks with no helper thread of ours alive.
+the SIGINT Jupyter sends to the kernel's group does not hit it half-way through a collective), one that it does
+not lead (``group_leader``), so that ``os.setsid()`` works in the rank as in a script. Neither starts a thread:
+the kernel forks with no helper thread of ours alive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import gc
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -19,9 +22,29 @@ import warnings
 from ..schema.events import WorkerSpec
 from .demux import CHANNELS
 from .handles import WorkerProcess
+from .orphans import spare, unspare
 
 PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_TRUE = "/bin/true" if os.access("/bin/true", os.X_OK) else sys.executable  # any program: it only leads a group
+
+
+@contextlib.contextmanager
+def group_leader():
+    """The id of a new process group, for a rank to join. A process that leads its group cannot make a session
+    of its own (``os.setsid()`` fails with EPERM), so the group is made by a throwaway process (spawned without
+    copying the kernel: vfork and exec), the rank joins it, and the throwaway is reaped: the group lives on with
+    the rank in it and its id is not reused while it does."""
+    leader = os.posix_spawn(_TRUE, [_TRUE], {}, setpgroup=0)
+    spare(leader)  # the launch's own child, not an orphan for a teardown to take
+    try:
+        yield leader
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leader, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(leader, 0)
+        unspare(leader)
 
 
 class ForkStarter:
@@ -38,17 +61,19 @@ class ForkStarter:
         # The kernel's garbage is not the child's to collect: its finalizers may wait for threads that do not
         # exist in the child (a c10d store server's destructor joins its thread, and would block forever).
         # Frozen before the fork, so no collection can run in the child first; unfrozen again in the kernel.
-        gc.freeze()
-        with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
-            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # child: never returns
-            run_forked(spec, self.function, self.args, fds_to_close)
-        gc.unfreeze()
-        try:
-            os.setpgid(pid, pid)  # also done by the child; whoever runs first wins the race
-        except OSError:
-            pass
+        with group_leader() as group:
+            gc.freeze()
+            with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
+                warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
+                                        category=DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # child: never returns
+                run_forked(spec, self.function, self.args, fds_to_close, group)
+            gc.unfreeze()
+            try:
+                os.setpgid(pid, group)  # also done by the child, to the same group: whoever runs first
+            except OSError:
+                pass
         return pid, None
 
 
@@ -68,12 +93,13 @@ class SpawnStarter:
         env[SPEC_ENV_VAR] = spec_for_child.to_json()
         env[rich_output.ENV_VAR] = rich_output.kernel_flag()  # displays of a launch from a kernel reach it
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
-        kwargs = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
-        popen = subprocess.Popen(
-            [sys.executable, "-c", "from notebook_launcher.rank.worker import main_spawned; main_spawned()"],
-            stdin=subprocess.DEVNULL, stdout=spec.stdout_fd, stderr=spec.stderr_fd, pass_fds=inherited,
-            env=env, close_fds=True, **kwargs,
-        )
+        with group_leader() as group:  # (before 3.11, a session of its own: there os.setsid() fails in a rank)
+            kwargs = {"process_group": group} if sys.version_info >= (3, 11) else {"start_new_session": True}
+            popen = subprocess.Popen(
+                [sys.executable, "-c", "from notebook_launcher.rank.worker import main_spawned; main_spawned()"],
+                stdin=subprocess.DEVNULL, stdout=spec.stdout_fd, stderr=spec.stderr_fd, pass_fds=inherited,
+                env=env, close_fds=True, **kwargs,
+            )
         return popen.pid, popen
 
 

@@ -1,0 +1,89 @@
+"""What a rank leaves behind when it dies before ending it, found and ended by the launching process.
+
+Each worker is the subreaper of what it starts and ends all of it before it exits (``proctree``), but a rank
+that is killed (SIGKILL, the run's stop) or aborts cannot: its orphans go to the nearest subreaper above it, and
+without one that is init, beyond the kernel's reach (a snapshot of each rank's descendants, once a second,
+misses a daemon made just before). So while an attempt's ranks run, the kernel itself is a child subreaper
+(``PR_SET_CHILD_SUBREAPER``): whatever a dead rank leaves is re-parented to the kernel, atomically before its
+exit is announced, and stays there whatever it does next (forks, ``setsid``), so nothing can escape; the kernel
+kills it and everything below it, and reaps it. A subreaper of its own process rather than a check at exit is
+what also holds when the worker has no chance to clean up.
+
+A kernel has children of its own (the notebook's subprocesses, and, while it is a subreaper, their orphans),
+which must survive a launch: ``proctree.adopted`` takes only children that started during the attempt and were
+seen below a rank or are outside the kernel's process group. The previous subreaper state is put back when the
+last attempt of this process is released.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from ..schema.proctree import adopted, is_subreaper, kill, set_subreaper, ticks_now
+
+_lock = threading.Lock()
+_holders = 0  # attempts of this process now running (launches in other threads included)
+_was_subreaper = False
+_spared: set[int] = set()  # pids of every running attempt's ranks and group leaders: never taken for orphans
+RELEASE_WAIT_S = 5.0  # how long the end of an attempt keeps ending what its ranks left (SIGKILLed: it is quick)
+
+
+def spare(pid: int) -> None:
+    """``pid`` (a rank, a group leader) is the launch's own child, not something it left."""
+    _spared.add(pid)
+
+
+def unspare(pid: int) -> None:
+    _spared.discard(pid)
+
+
+class Orphans:
+    """This process as the subreaper of one attempt's ranks: ``end()`` after each rank is reaped, ``release()``
+    once all are."""
+
+    def __init__(self):
+        global _holders, _was_subreaper
+        self._since = ticks_now()
+        self._killed: set[int] = set()  # children of ours killed, not reaped yet
+        with _lock:
+            if _holders == 0:
+                _was_subreaper = is_subreaper()
+                set_subreaper(True)
+            _holders += 1
+        self._held = True
+
+    def end(self, seen: dict[int, int], quick: bool = True) -> bool:
+        """One round, without waiting: SIGKILL what the ranks left that is now a child of ours and everything below
+        it, and reap what has exited; ``seen``: pid -> start time of the ranks' descendants once noted. False
+        once a round finds nothing of the attempt (one that killed something is followed by another: a process
+        killed as it forked leaves a new orphan)."""
+        launched, below = adopted(self._since, seen, set(_spared), quick)
+        for pid in launched + below:  # children first: an unreaped child's pid cannot be anyone else's
+            kill(pid, signal.SIGKILL)
+        self._killed.update(launched)
+        for pid in list(self._killed):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._killed.discard(pid)
+        return bool(launched or below or self._killed)
+
+    def release(self, seen: dict[int, int]) -> None:
+        """Ends what is left (bounded by RELEASE_WAIT_S), then puts back the subreaper state found, if no other
+        attempt of this process still runs."""
+        global _holders
+        if not self._held:
+            return
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while self.end(seen, quick=False) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._held = False
+        with _lock:
+            _holders -= 1
+            if _holders == 0 and not _was_subreaper:
+                set_subreaper(False)
