@@ -89,6 +89,16 @@ def earlier_note(state: dict) -> str | None:
     return f"({said} earlier lines are in the run log: {_summary(state)['inspect']} shows them)"
 
 
+def early_lines(state: dict) -> list[tuple[str, str | None]]:
+    """The run's first warnings and errors that the ranks' lines no longer hold, under a title."""
+    kept = {line["n"] for rank in state["ranks"] for line in rank["lines"]}
+    early = [line for line in _summary(state).get("early") or [] if line["n"] not in kept]
+    if not early:
+        return []
+    return [("first warnings and errors (older than the lines below):", _GREY)] + [
+        (f"[rank {line['rank']}] {line['level']} {line['text']}", _LEVEL_COLOURS.get(line["level"])) for line in early]
+
+
 def card_lines(state: dict) -> list[tuple[str, str | None]]:
     """The verdict and what explains it, told once: the title, its detail, a failure's traceback, the
     out-of-memory steps, earlier hangs."""
@@ -137,6 +147,7 @@ def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tu
         out.append((summary["balance"], None))
     out.append((earlier_note(state) or f"whole log: {summary['inspect']}", _GREY))
     out += [(launcher_line(note), _GREY) for note in state["notes"]]
+    out += early_lines(state)
     lines = [line for rank in state["ranks"] for line in rank_lines(state, rank, prefix_template)]
     out += [(text, colour) for _, text, colour in sorted(lines, key=lambda item: item[0])]
     return out + _other_cards(state)
@@ -180,9 +191,9 @@ def render_html(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
     table = rank_table(state)
     parts.append(_pre([(table[0], _GREY), *((line, _STATUS_COLOURS.get(status))
                                             for line, (_, status, _) in zip(table[1:], _rows(state)))]))
-    parts.append(_pre([(summary["balance"], None)] if summary.get("balance") else []
-                      + [(earlier_note(state) or f"whole log: {summary['inspect']}", _GREY)]
-                      + [(launcher_line(note), _GREY) for note in state["notes"]]))
+    balance = [(summary["balance"], None)] if summary.get("balance") else []
+    parts.append(_pre([*balance, (earlier_note(state) or f"whole log: {summary['inspect']}", _GREY),
+                       *((launcher_line(note), _GREY) for note in state["notes"]), *early_lines(state)]))
     many = len(state["ranks"]) > OPEN_RANKS
     for rank, (_, status, row) in zip(state["ranks"], _rows(state)):
         lines = rank_lines(state, rank, prefix_template)
