@@ -52,7 +52,7 @@ def test_the_fallback_moves_every_two_seconds_through_a_quiet_hang(tmp_path, run
     hang_seconds = [int(item[1]["summary"]["title"].split()[2]) for item in quiet
                     if item[1]["summary"]["verdict"] == "hang"]
     assert len(hang_seconds) >= 3 and hang_seconds == sorted(hang_seconds) and hang_seconds[-1] > hang_seconds[0]
-    for _, state, update in quiet[-2:]:  # the card with its verdict is the first thing the fallback shows
+    for _, _, update in quiet[-2:]:  # the card with its verdict is the first thing the fallback shows
         assert update["text/plain"].startswith("Possible hang: ")
         assert update["text/html"].index('data-verdict="hang"') < update["text/html"].index("rank  status")
     sizes = [len(json.dumps(update)) for _, _, update in quiet]

@@ -25,7 +25,6 @@ The payload then says what was cut: ``saved`` = ``{"limit", "lines_total", "line
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 
 SAVED_BYTES = 200_000

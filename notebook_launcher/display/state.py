@@ -20,9 +20,6 @@ import time
 
 from ..balance import BalanceBook
 from ..schema.events import (
-    RECORD_LEVEL,
-    RECORD_MESSAGE,
-    RECORD_TIME,
     BALANCE,
     BATCH_SIZE,
     DISPLAY,
@@ -33,6 +30,9 @@ from ..schema.events import (
     LOG,
     OOM_RETRY,
     PROGRESS,
+    RECORD_LEVEL,
+    RECORD_MESSAGE,
+    RECORD_TIME,
     RESTART,
     SHAPE_MISMATCH,
     STATUS,
@@ -45,7 +45,7 @@ from ..schema.lines import LogRecords, StreamLines
 from ..schema.status import RankStatus, RunStatus
 from .describe import describe
 from .rank_state import LINES_PER_RANK, MAX_TEXT, RankState
-from .summary import EARLY_LINES, EARLY_PER_RANK, MAX_EARLY_TEXT, rank_row, run_summary
+from .summary import LevelCounts, rank_row, run_summary
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
@@ -63,7 +63,6 @@ _ALIVE = (RankStatus.STARTING, RankStatus.RUNNING, *HANG_BADGES.values())
 
 # tqdm's bar as it prints it: "train:  45%|####5     | 45/100 [00:01<00:01, 40.20it/s]"
 _TQDM = re.compile(r"(?:(?P<desc>[^|:]{0,80}): *)?\d{1,3}%\|[^|]{0,200}\| *(?P<n>\d+)/(?P<total>\d+|\?) *\[")
-_COUNTED = ("WARNING", "ERROR", "CRITICAL")  # the levels a rank's row counts (warnings, then errors)
 _TQDM_TAIL = 400  # a bar is short: only a line's end is searched, whatever a rank prints (no backtracking blowup)
 
 
@@ -96,8 +95,7 @@ class RunState:
         self._balance_due = 0.0
         self._line_count = 0
         self._text_escaped = False  # the note of TEXT_ESCAPED is made (once per run)
-        self._levels: dict[int, list[int]] = {}  # rank -> [warnings, errors] among its log records, for the summary
-        self._early: list[dict] = []  # the run's first warnings and errors (summary.py)
+        self._levels = LevelCounts()  # each rank's warnings and errors, for the summary
         self.changes = 0  # bumped by every change, so a display knows when to publish
 
     # -- events ------------------------------------------------------------------------------------------------
@@ -119,11 +117,9 @@ class RunState:
             if type(item) is StreamLines or type(item) is LogRecords:
                 rank = ranks.get(item.rank) or self._rank(item)
                 rank.add_run(self._line_count + 1, started, item)
-                if type(item) is LogRecords:
-                    for index, frame in enumerate(item.frames, self._line_count + 1):
-                        if frame[RECORD_LEVEL] in _COUNTED:
-                            self._count_level(item.rank, index, max(0.0, frame[RECORD_TIME] - started),
-                                              frame[RECORD_LEVEL], frame[RECORD_MESSAGE])
+                for index, frame in enumerate(item.frames if type(item) is LogRecords else (), self._line_count + 1):
+                    self._levels.add(item.rank, index, max(0.0, frame[RECORD_TIME] - started), frame[RECORD_LEVEL],
+                                     frame[RECORD_MESSAGE])
                 self._line_count += len(item)
                 rank.lines_total += len(item)
                 self.changes += len(item)
@@ -168,17 +164,8 @@ class RunState:
         line = {"n": self._line_count, "t": self._t(event), "kind": kind, "text": text[:MAX_TEXT]}
         if level is not None:
             line["level"], line["logger"] = level, logger
-            if level in _COUNTED:
-                self._count_level(event.rank, line["n"], line["t"], level, text)
+            self._levels.add(event.rank, line["n"], line["t"], level, text)
         rank.lines.append(line)
-
-    def _count_level(self, rank: int, n: int, t: float, level: str, text: str) -> None:
-        """A warning or an error: counted in its rank's row, and kept if among the run's first (summary.py)."""
-        counts = self._levels.setdefault(rank, [0, 0])
-        counts[level != "WARNING"] += 1
-        if len(self._early) < EARLY_LINES and counts[0] + counts[1] <= EARLY_PER_RANK:
-            self._early.append({"rank": rank, "n": n, "t": round(t, 3), "level": level,
-                                "text": str(text)[:MAX_EARLY_TEXT]})
 
     def _on_status(self, event: Event) -> None:
         rank = self._rank(event)
@@ -408,7 +395,7 @@ class RunState:
             rank = self.ranks[number]
             payload = rank.to_json()
             # (an attribute too: delta.py sends a rank's row only when it changed, as its other fields)
-            rank.summary = payload["summary"] = rank_row(payload, tuple(self._levels.get(number, (0, 0))))
+            rank.summary = payload["summary"] = rank_row(payload, self._levels.of(number))
             ranks.append(payload)
         state = {"version": 1, **self.header, "status": self.status, "started_at": self.started_at,
                  "elapsed": self.elapsed(), "attempt": self.attempt, "notes": list(self.notes), "ranks": ranks,
@@ -416,7 +403,7 @@ class RunState:
                  "batch_size": self.batch_size, "triggers": list(self.triggers), "failure": self.failure,
                  "result": self.result, "hang": dict(self.hang) if self.hang else None, "hangs": list(self.hangs),
                  "balance": self.balance}
-        state["summary"] = run_summary(state, self._early)
+        state["summary"] = run_summary(state, self._levels.early)
         return state
 
 

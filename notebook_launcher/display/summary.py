@@ -43,6 +43,28 @@ def inspect_call(run_id: str) -> str:
     return f'inspect_run("{run_id}")'
 
 
+class LevelCounts:
+    """Each rank's warnings and errors (log records) since the start, and the run's first ones (``early``)."""
+
+    COUNTED = ("WARNING", "ERROR", "CRITICAL")
+
+    def __init__(self):
+        self.counts: dict[int, list[int]] = {}
+        self.early: list[dict] = []
+
+    def add(self, rank: int, n: int, t: float, level, text) -> None:
+        if level not in self.COUNTED:
+            return
+        counts = self.counts.setdefault(rank, [0, 0])
+        counts[level != "WARNING"] += 1
+        if len(self.early) < EARLY_LINES and counts[0] + counts[1] <= EARLY_PER_RANK:
+            self.early.append({"rank": rank, "n": n, "t": round(t, 3), "level": level,
+                               "text": str(text)[:MAX_EARLY_TEXT]})
+
+    def of(self, rank: int) -> tuple[int, int]:
+        return tuple(self.counts.get(rank, (0, 0)))
+
+
 def rank_row(rank: dict, counts: tuple[int, int] = (0, 0)) -> dict:
     """One rank's row (its status is the rank's own ``status``): step/total, s/step, ETA, last line, and
     ``counts``, its warnings and errors (log records) since the start. Empty fields and zero counts are left out."""
@@ -126,7 +148,8 @@ def oom_lines(retries: list) -> list[str]:
     for retry in retries:
         ranks = retry.get("ranks") or []
         out.append(f"out of memory on rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))} at batch "
-                   f"size {retry.get('batch_size')}: retried at {retry.get('new_batch_size')} ({retry.get('error', '')})")
+                   f"size {retry.get('batch_size')}: retried at {retry.get('new_batch_size')} "
+                   f"({retry.get('error', '')})")
     return out
 
 
