@@ -20,7 +20,7 @@ import { RankGrid } from './grid';
 import { renderBalance } from './balance';
 import { HangCard } from './hang';
 import { ILiveOptions, LiveLink } from './live';
-import { IFailure, IOomRetry, IRank, IRun, IShapeMismatch, ITrigger, MIME_TYPE } from './schema';
+import { IFailure, IOomRetry, IRank, IRun, IShapeMismatch, ISummary, ITrigger, MIME_TYPE } from './schema';
 
 /** Above this many ranks the panel shows the grid (grid.ts), not one column per rank. */
 export const GRID_ABOVE = 8;
@@ -299,10 +299,59 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   }
 }
 
-/** The header changes on each update anyway (elapsed), so its key is simply its data. */
+/** The header changes on each update anyway (elapsed), so its key is simply its data (and the ranks' rows). */
 function headerKey(run: IRun): string {
   const { ranks, shape_mismatches, oom_retries, triggers, failure, hang, hangs, ...rest } = run;
-  return JSON.stringify(rest);
+  const rows = (ranks || []).map(rank => [rank.rank, rank.status, rank.summary]);
+  return JSON.stringify([rest, rows]);
+}
+
+/**
+ * The run's summary (SCHEMA.md, "summary"), computed by the kernel: the verdict as the header's title, its
+ * detail, a compact row per rank (up to GRID_ABOVE ranks: the grid shows more), the balance line and how to
+ * open the whole log.
+ */
+export function renderSummary(summary: ISummary | null | undefined, ranks: IRank[]): HTMLElement | null {
+  if (!summary || !summary.title) {
+    return null;
+  }
+  const box = h('div', 'nl-summary');
+  setData(box, { verdict: summary.verdict });
+  box.appendChild(h('div', 'nl-summary-title', summary.title));
+  if (summary.detail && summary.detail.length) {
+    box.appendChild(h('pre', 'nl-summary-detail', summary.detail.join('\n')));
+  }
+  if (ranks.length && ranks.length <= GRID_ABOVE) {
+    const table = h('table', 'nl-summary-rows');
+    const head = h('tr');
+    ['rank', 'status', 'step', 's/step', 'ETA', 'warnings', 'errors', 'last line'].forEach(name =>
+      head.appendChild(h('th', '', name))
+    );
+    table.appendChild(h('thead')).appendChild(head);
+    const body = table.appendChild(h('tbody'));
+    for (const rank of ranks) {
+      const row = rank.summary || {};
+      const tr = h('tr');
+      setData(tr, { rank: rank.rank, status: rank.status });
+      [
+        String(rank.rank),
+        rank.status || '',
+        row.step || '',
+        (row.speed || '').replace(' s/step', ''),
+        row.eta || '',
+        String(row.warnings || 0),
+        String(row.errors || 0),
+        row.last || ''
+      ].forEach((cell, index) => tr.appendChild(h('td', index === 7 ? 'nl-summary-last' : '', cell)));
+      body.appendChild(tr);
+    }
+    box.appendChild(table);
+  }
+  const foot = [summary.balance, summary.inspect ? `whole log: ${summary.inspect}` : null].filter(Boolean);
+  if (foot.length) {
+    box.appendChild(h('div', 'nl-summary-foot', foot.join(' · ')));
+  }
+  return box;
 }
 
 function renderHeader(run: IRun): Node[] {
@@ -332,6 +381,10 @@ function renderHeader(run: IRun): Node[] {
   }
   top.appendChild(fields);
   const out: Node[] = [top];
+  const summary = renderSummary(run.summary, run.ranks || []);
+  if (summary) {
+    out.push(summary);
+  }
   if (run.notes && run.notes.length) {
     const notes = h('ul', 'nl-notes');
     run.notes.forEach(note => notes.appendChild(h('li', 'nl-note', note)));

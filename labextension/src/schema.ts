@@ -69,6 +69,50 @@ export interface IRank {
   lines_dropped?: number;
   progress?: IProgress | null;
   history?: IHistoryPoint[];
+  /** This rank's row of the run's summary (display/summary.py); empty fields and zero counts left out. */
+  summary?: IRankRow | null;
+}
+
+/** A rank's row of the summary: display strings, the same in every frontend (its status is the rank's). */
+export interface IRankRow {
+  step?: string;
+  speed?: string;
+  eta?: string;
+  last?: string;
+  warnings?: number;
+  errors?: number;
+}
+
+/** What the summary's verdict says happened. */
+export type VerdictKind =
+  | 'starting'
+  | 'running'
+  | 'finished'
+  | 'failed'
+  | 'hang'
+  | 'hung'
+  | 'timed out'
+  | 'interrupted'
+  | 'oom';
+
+/** One of the run's first warnings and errors (the ranks' lines may no longer hold it). */
+export interface IEarlyLine {
+  rank: number;
+  n: number;
+  t?: number;
+  level?: string;
+  text?: string;
+}
+
+/** The run's summary, computed once by the kernel (display/summary.py): the panel's header and the fallback's top. */
+export interface ISummary {
+  verdict?: VerdictKind;
+  title?: string;
+  detail?: string[];
+  balance?: string | null;
+  run_id?: string;
+  inspect?: string;
+  early?: IEarlyLine[];
 }
 
 export interface IMismatchProcess {
@@ -156,6 +200,7 @@ export interface IRun {
   hang?: IHang | null;
   hangs?: IHang[];
   balance?: IBalance | null;
+  summary?: ISummary | null;
   /** Set when the output was cut to its budget (the run log has everything). */
   saved?: { limit?: number; lines_total?: number; lines_kept?: number } | null;
   /** The number of the last update this state includes (deltas over the comm). */

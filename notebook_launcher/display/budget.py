@@ -10,10 +10,10 @@ split into lines):
 2. each rank's status and progress, and its newest chart points (at most ``HISTORY_SHARE`` of the budget, the same
    number of points for every rank);
 3. what is left goes to the newest lines of each rank, in equal shares; a rank that needs less than its share
-   leaves the rest to the others. The cut is always the oldest lines, so what remains is in order. Once lines
-   are cut, the ``text/html`` and ``text/plain`` fallbacks (frontends without the extension) carry the newest
-   quarter of each rank's kept lines (``FALLBACK_SHARE``), so that a line costs its text about 1.5 times
-   rather than 3 times, and the payload keeps more of them.
+   leaves the rest to the others. The cut is always the oldest lines, so what remains is in order. The
+   ``text/html`` and ``text/plain`` fallbacks (frontends without the extension) carry the same lines, and the
+   warnings and errors among the cut ones (at most ``NOTABLE_PER_RANK`` of each rank): a line costs its text
+   three times.
 
 The budget is 200 KB, well under 300 KB, because the output's last update is also what a listening browser
 receives once more at the end, on top of the deltas.
@@ -25,11 +25,11 @@ The payload then says what was cut: ``saved`` = ``{"limit", "lines_total", "line
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 
 SAVED_BYTES = 200_000
-FALLBACK_SHARE = 0.25  # of each rank's kept lines, in text/html and text/plain, once lines are cut
+NOTABLE_PER_RANK = 20  # warnings and errors of a rank that the fallbacks keep when its older lines are cut
+NOTABLE = ("WARNING", "ERROR", "CRITICAL")
 HISTORY_SHARE = 0.15
 CARDS_SHARE = 0.15  # notes, the failure, hang notices and cards together
 MAX_FAILURE_TEXT = 8_000  # the root cause's traceback and the message each (the run log has all of them)
@@ -91,7 +91,7 @@ def bounded_bundle(payload: dict, render: Render, limit: int = SAVED_BYTES) -> d
     for _ in range(MAX_ATTEMPTS):  # the shares are estimates: measure, correct in proportion, measure again
         counts = _share_lines(payload["ranks"], share)
         kept = _with_lines(base, payload, counts, limit, lines_total)
-        candidate = render(kept, _fallback_lines(kept))
+        candidate = render(kept, _fallback_lines(kept, payload))
         size = saved_size(candidate)
         fits = size <= limit
         if fits:
@@ -103,20 +103,23 @@ def bounded_bundle(payload: dict, render: Render, limit: int = SAVED_BYTES) -> d
     return best
 
 
-def _fallback_lines(payload: dict) -> dict:
-    """``payload`` with the newest ``FALLBACK_SHARE`` of each rank's lines (at least one where it has any)."""
+def _fallback_lines(kept: dict, payload: dict) -> dict:
+    """``kept`` with, for the fallbacks, the newest warnings and errors of each rank's cut lines before its kept
+    ones (in order: they are older)."""
     ranks = []
-    for rank in payload["ranks"]:
-        lines = rank.get("lines") or []
-        kept = lines[len(lines) - math.ceil(len(lines) * FALLBACK_SHARE):]
-        ranks.append({**rank, "lines": kept, "lines_dropped": rank.get("lines_total", 0) - len(kept)})
-    return {**payload, "ranks": ranks}
+    for rank, whole in zip(kept["ranks"], payload["ranks"]):
+        lines = whole.get("lines") or []
+        cut = lines[:len(lines) - len(rank["lines"])]
+        notable = [line for line in cut if line.get("level") in NOTABLE][-NOTABLE_PER_RANK:]
+        shown = notable + rank["lines"]
+        ranks.append({**rank, "lines": shown, "lines_dropped": rank.get("lines_total", 0) - len(shown)})
+    return {**kept, "ranks": ranks}
 
 
 def _cost(line: dict) -> int:
-    """A line's rough weight in the saved bundle (its JSON object; its text twice, in a quarter of the cases),
-    for the shares."""
-    return int(1.5 * len(line.get("text") or "")) + 90
+    """A line's rough weight in the saved bundle (its JSON object, and its text in both fallbacks), for the
+    shares."""
+    return 3 * len(line.get("text") or "") + 110
 
 
 def _share_lines(ranks: list[dict], room: int) -> list[int]:

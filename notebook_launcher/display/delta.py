@@ -26,7 +26,7 @@ import json
 from .rank_state import HISTORY_POINTS
 from .state import RunState
 
-RANK_FIELDS = ("host", "status", "pid", "exit_code", "progress")
+RANK_FIELDS = ("host", "status", "pid", "exit_code", "progress", "summary")
 
 
 def compact_lines(lines: list[dict]) -> tuple[list, list]:

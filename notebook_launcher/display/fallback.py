@@ -1,8 +1,12 @@
-"""The run panel for frontends without the JupyterLab extension: ``text/plain`` and a static ``text/html``.
+"""The run panel for frontends without the JupyterLab extension (Colab, Kaggle, VS Code, GitHub, nbviewer,
+``nbconvert``): ``text/plain`` and a static ``text/html``.
 
-Both are made from the same state payload as the panel (``RunState.to_json()``) and carry the same lines, so
-whichever a frontend or exporter picks (``nbconvert --to markdown`` picks the HTML), nothing is missing (once
-the saved output is cut to its budget, they carry the newest quarter of each rank's kept lines: ``budget.py``).
+Both are made from the same state payload as the panel (``RunState.to_json()``) and read top down as the panel
+does: the verdict (``summary.py``) as a card titled with it (a failure's traceback, a hang's places and stacks, the
+out-of-memory steps in amber: each told once), a row per rank, the balance line, where the whole log is
+(``inspect_run("<id>")``), then each rank's lines. Every ``<pre>`` names a monospace font and every table is left
+aligned, inline: nbconvert's lab template sets ``pre {font-family: inherit}`` and GitHub keeps no stylesheet.
+Each line of ``text/plain`` is also a line of the HTML's text, so an export that picks either misses nothing.
 Everything that came from user code is escaped: the HTML is safe in untrusted notebooks.
 """
 
@@ -13,19 +17,47 @@ import string
 
 from ..schema.events import LOG, TRIGGER
 from .describe import describe, launcher_line, log_line
+from .summary import rank_row, run_summary, seconds
 
-_STATUS_COLOURS = {"starting": "#888", "running": "#1a73e8", "finished": "#188038", "failed": "#d93025",
-                   "stuck": "#e37400", "hung": "#e37400", "timed out": "#e37400", "interrupted": "#888",
-                   "waiting": "#e37400", "busy": "#e37400", "in DDP": "#e37400"}
-_LEVEL_COLOURS = {"DEBUG": "#888", "WARNING": "#b06000", "ERROR": "#d93025", "CRITICAL": "#d93025"}
+MONO = "font-family:Menlo,Consolas,'DejaVu Sans Mono',monospace"
+PRE = f'style="{MONO};font-size:12px;white-space:pre-wrap;margin:2px 0"'
+OPEN_RANKS = 4  # up to this many ranks, every rank's lines are open; above it, those of ranks that failed or warned
+_RED, _ORANGE, _AMBER, _GREEN, _BLUE, _GREY = "#d93025", "#e37400", "#b06000", "#188038", "#1a73e8", "#666"
+_STATUS_COLOURS = {"starting": _GREY, "running": _BLUE, "finished": _GREEN, "failed": _RED, "stuck": _ORANGE,
+                   "hung": _ORANGE, "timed out": _ORANGE, "interrupted": _GREY, "stopped": _GREY,
+                   "waiting": _ORANGE, "busy": _ORANGE, "in DDP": _ORANGE}
+_VERDICT_COLOURS = {"failed": _RED, "hang": _ORANGE, "hung": _ORANGE, "timed out": _ORANGE, "oom": _AMBER,
+                    "finished": _GREEN, "running": _BLUE, "starting": _GREY, "interrupted": _GREY}
+_LEVEL_COLOURS = {"DEBUG": "#888", "WARNING": _AMBER, "ERROR": _RED, "CRITICAL": _RED}
+_COLUMNS = ("rank", "status", "step", "s/step", "ETA", "warnings", "errors", "last line")
 
 
 def headline(state: dict) -> str:
     world = state["world_size"]
     return (f"notebook_launcher run {state['run_id']}: {state['status']}, {world} rank{'s' if world != 1 else ''} "
-            f"on {state['device']} ({state['backend']}, {state['start_method']}), {state['elapsed']:.1f} s"
+            f"on {state['device']} ({state['backend']}, {state['start_method']}), {seconds(state['elapsed'])}"
             + (f", try {state['attempt']}" if state.get("attempt", 1) > 1 else "")
             + (f", batch size {state['batch_size']}" if state.get("batch_size") is not None else ""))
+
+
+def _summary(state: dict) -> dict:
+    return state.get("summary") or run_summary(state)
+
+
+def _rows(state: dict) -> list[tuple[int, str, dict]]:
+    """(rank, status, row) per rank."""
+    return [(rank["rank"], str(rank.get("status") or ""), rank["summary"] if "summary" in rank else rank_row(rank))
+            for rank in state["ranks"]]
+
+
+def rank_table(state: dict) -> list[str]:
+    """The row per rank, as fixed-width text (the same lines in text/plain and, monospace, in the HTML)."""
+    cells = [list(_COLUMNS)] + [[str(number), status, row.get("step", ""), row.get("speed", "").replace(" s/step", ""),
+                                 row.get("eta", ""), str(row.get("warnings", 0)), str(row.get("errors", 0)),
+                                 row.get("last", "")] for number, status, row in _rows(state)]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(_COLUMNS) - 1)]
+    return ["  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[-1]]).rstrip()
+            for row in cells]
 
 
 def _line_text(line: dict) -> str:
@@ -34,97 +66,143 @@ def _line_text(line: dict) -> str:
     return line["text"]
 
 
-def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tuple[str, str | None]]:
-    """The text display's lines for a state, each with a colour hint: header, notes, the root cause, then
-    every rank's lines in arrival order, progress, cards, and each rank's status."""
-    template = string.Template(prefix_template)
-    out: list[tuple[str, str | None]] = [(headline(state), None)]
-    out += [(launcher_line(note), "#666") for note in state["notes"]]
-    out += hang_lines(state)
-    failure = state.get("failure")
-    if failure and failure.get("traceback"):
-        out.append((f"root cause (rank {failure.get('rank')}):", _STATUS_COLOURS["failed"]))
-        out += [(line, _STATUS_COLOURS["failed"]) for line in failure["traceback"].rstrip("\n").splitlines()]
-    elif failure and failure.get("kind") in ("hang", "timeout"):
-        out += [(line, _STATUS_COLOURS["stuck"]) for line in str(failure.get("message", "")).splitlines()]
-    lines = []
-    for rank in state["ranks"]:
-        prefix = template.safe_substitute(rank=rank["rank"], local_rank=rank["rank"], role_name="default",
-                                          node_rank=0)
-        if rank["lines_dropped"]:
-            lines.append((0, f"{prefix}({rank['lines_dropped']} earlier lines are in the run log: "
-                             f"{state['run_dir']})", "#666"))
-        for line in rank["lines"]:
-            colour = _LEVEL_COLOURS.get(line.get("level")) or (_STATUS_COLOURS["failed"]
-                                                               if line["kind"] == "stderr" else None)
-            lines += [(line["n"], f"{prefix}{text}", colour) for text in _line_text(line).split("\n")]
-        if rank.get("progress"):
-            out.append((f"{prefix}{_progress_text(rank['progress'])}", None))
-    out += [(text, colour) for _, text, colour in sorted(lines, key=lambda item: item[0])]
-    for card in state["shape_mismatches"]:
-        out.append((f"shape mismatch in {card['operation']}:", _STATUS_COLOURS["failed"]))
-        out += [(f"  - Process {p['rank']}: {p['shape']} {p['dtype'] or ''} at {p['call_site']}".rstrip(), None)
-                for p in card["processes"]]
-    for retry in state["oom_retries"]:
-        out.append((f"out of memory on rank {', '.join(map(str, retry['ranks']))} at batch size "
-                    f"{retry['batch_size']} -> retried at {retry['new_batch_size']} ({retry['error']})",
-                    _LEVEL_COLOURS["WARNING"]))
-    for trigger in state["triggers"]:
-        out.append((f"rank {trigger['rank']} called {describe(TRIGGER, trigger).text}", None))
-    out.append(("status by rank: " + ", ".join(f"{r['rank']} {r['status']}" for r in state["ranks"]), None))
-    return out
+def _line_colour(line: dict) -> str | None:
+    if line["kind"] == "stderr" and "OutOfMemoryRetry" in line["text"]:
+        return _AMBER  # a step down of find_executable_batch_size: a retry, not a failure
+    return _LEVEL_COLOURS.get(line.get("level")) or (_RED if line["kind"] == "stderr" else None)
 
 
-def hang_lines(state: dict) -> list[tuple[str, str | None]]:
-    """A live hang notice as the text display printed it; earlier and cleared ones in one line each."""
+def rank_lines(state: dict, rank: dict, prefix_template: str) -> list[tuple[int, str, str | None]]:
+    """(n, text, colour) of a rank's kept lines, each prefixed as the text display prefixes them."""
+    prefix = string.Template(prefix_template).safe_substitute(rank=rank["rank"], local_rank=rank["rank"],
+                                                              role_name="default", node_rank=0)
+    return [(line["n"], f"{prefix}{text}", _line_colour(line))
+            for line in rank["lines"] for text in _line_text(line).split("\n")]
+
+
+def earlier_note(state: dict) -> str | None:
+    """Once for the run: how many lines only the run log has, and how to open it."""
+    dropped = [(rank["rank"], rank["lines_dropped"]) for rank in state["ranks"] if rank.get("lines_dropped")]
+    if not dropped:
+        return None
+    said = ", ".join(f"{count} of rank {number}" for number, count in dropped)
+    return f"({said} earlier lines are in the run log: {_summary(state)['inspect']} shows them)"
+
+
+def early_lines(state: dict) -> list[tuple[str, str | None]]:
+    """The run's first warnings and errors that the ranks' lines no longer hold, under a title."""
+    kept = {line["n"] for rank in state["ranks"] for line in rank["lines"]}
+    early = [line for line in _summary(state).get("early") or [] if line["n"] not in kept]
+    if not early:
+        return []
+    return [("first warnings and errors (older than the lines below):", _GREY)] + [
+        (f"[rank {line['rank']}] {line['level']} {line['text']}", _LEVEL_COLOURS.get(line["level"])) for line in early]
+
+
+def card_lines(state: dict) -> list[tuple[str, str | None]]:
+    """The verdict and what explains it, told once: the title, its detail, a failure's traceback, the
+    out-of-memory steps, earlier hangs."""
+    summary = _summary(state)
+    colour = _VERDICT_COLOURS.get(summary["verdict"], _GREY)
+    out: list[tuple[str, str | None]] = [(summary["title"], colour), (headline(state), None)]
+    out += [(f"  {line}", _AMBER if line.startswith("out of memory") else colour) for line in summary["detail"]]
+    failure = state.get("failure") or {}
+    if summary["verdict"] == "failed" and failure.get("traceback"):
+        out += [(line, _RED) for line in failure["traceback"].rstrip("\n").splitlines()]
+    return out + [(text, _GREY) for text in _earlier_hangs(state)]
+
+
+def _earlier_hangs(state: dict) -> list[str]:
+    """A hang that cleared (or one before the live one), one line each."""
     notices = [*(state.get("hangs") or []), *([state["hang"]] if state.get("hang") else [])]
     out = []
     for notice in notices:
         if notice.get("live"):
-            out += [(line, _STATUS_COLOURS["stuck"]) for line in str(notice.get("text", "")).splitlines()]
             continue
         how = (f"cleared after {notice['cleared_after']:.0f} s" if notice.get("cleared_after") is not None
                else "cleared" if notice.get("cleared_t") is not None else "not cleared before the run ended")
         quiet = f", {notice['quiet_s']:.0f} s without progress" if notice.get("quiet_s") is not None else ""
-        out.append((f"possible hang at {notice.get('t', 0):.1f} s{quiet}: {how}", "#666"))
+        out.append(f"possible hang at {notice.get('t', 0):.1f} s{quiet}: {how}")
     return out
 
 
+def _other_cards(state: dict) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
+    for card in state["shape_mismatches"]:
+        out.append((f"shape mismatch in {card['operation']}:", _RED))
+        out += [(f"  - Process {p['rank']}: {p['shape']} {p['dtype'] or ''} at {p['call_site']}".rstrip(), None)
+                for p in card["processes"]]
+    for trigger in state["triggers"]:
+        out.append((f"rank {trigger['rank']} called {describe(TRIGGER, trigger).text}", None))
+    return out
+
+
+def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tuple[str, str | None]]:
+    """The text fallback's lines, each with a colour hint: the verdict card, the row per rank, the balance, where
+    the whole log is, the launcher's notes, then every rank's lines in arrival order and the other cards."""
+    summary = _summary(state)
+    out = card_lines(state)
+    out += [(line, None) for line in rank_table(state)]
+    if summary.get("balance"):
+        out.append((summary["balance"], None))
+    out.append((earlier_note(state) or f"whole log: {summary['inspect']}", _GREY))
+    out += [(launcher_line(note), _GREY) for note in state["notes"]]
+    out += early_lines(state)
+    lines = [line for rank in state["ranks"] for line in rank_lines(state, rank, prefix_template)]
+    out += [(text, colour) for _, text, colour in sorted(lines, key=lambda item: item[0])]
+    return out + _other_cards(state)
+
+
 def render_text(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
-    """What a terminal shows: the text display's lines, in arrival order."""
+    """What a terminal and ``nbconvert --to markdown`` show."""
     return "\n".join(text for text, _ in text_lines(state, prefix_template))
 
 
-def _progress_text(progress: dict) -> str:
-    step, total = progress.get("step"), progress.get("total")
-    text = f"step {step}" + (f"/{total}" if total else "")
-    metrics = ", ".join(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
-                        for name, value in (progress.get("metrics") or {}).items())
-    if progress.get("step_time"):
-        text += f", {progress['step_time'] * 1000:.1f} ms/step"
-    return text + (f", {metrics}" if metrics else "")
+def _pre(lines: list[tuple[str, str | None]]) -> str:
+    e = html.escape
+    body = "\n".join(f'<span style="color:{colour}">{e(text)}</span>' if colour else e(text) for text, colour in lines)
+    return f"<pre {PRE}>{body}</pre>"
+
+
+def _stacks(state: dict) -> dict:
+    failure, hang = state.get("failure") or {}, state.get("hang") or {}
+    if failure.get("kind") in ("hang", "timeout") and failure.get("stacks"):
+        return failure["stacks"]
+    return hang.get("stacks") or {} if (hang.get("live") or state["status"] in ("hung", "timed out")) else {}
 
 
 def render_html(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:
-    """A static snapshot for VS Code, nbviewer, GitHub and ``nbconvert --to markdown``: the text display's lines
-    (every one of them, escaped), coloured, then the shape and out-of-memory tables."""
+    """A static page for Colab, Kaggle, VS Code, GitHub, nbviewer and ``nbconvert``: the verdict card first, the
+    row per rank, then a ``<details>`` per rank with its lines (see the module's docstring)."""
     e = html.escape
-    rows = [f'<span style="color:{colour}">{e(text)}</span>' if colour else e(text)
-            for text, colour in text_lines(state, prefix_template)]
-    rows[0] = f"<b>{rows[0]}</b>"
-    parts = ['<div class="nl-run-static">', f'<pre style="white-space:pre-wrap">{chr(10).join(rows)}</pre>']
-    for card in state["shape_mismatches"]:
-        cells = "".join(f"<tr><td>{e(str(p['rank']))}</td><td>{e(str(p['operation']))}</td>"
-                        f"<td>{e(str(p['shape']))}</td>"
-                        f"<td>{e(str(p['dtype']))}</td><td>{e(str(p['call_site']))}</td></tr>"
-                        for p in card["processes"])
-        parts.append(f'<table><caption>shape mismatch in {e(card["operation"])}</caption><tr><th>process</th>'
-                     f'<th>operation</th><th>shape</th><th>dtype</th><th>call site</th></tr>{cells}</table>')
-    if state["oom_retries"]:
-        cells = "".join(f"<tr><td>{e(str(r['batch_size']))} &rarr; {e(str(r['new_batch_size']))}</td>"
-                        f"<td>{e(', '.join(map(str, r['ranks'])))}</td><td>{e(r['error'])}</td></tr>"
-                        for r in state["oom_retries"])
-        parts.append(f"<table><caption>out-of-memory retries</caption><tr><th>batch size</th><th>ranks</th>"
-                     f"<th>error</th></tr>{cells}</table>")
+    summary = _summary(state)
+    colour = _VERDICT_COLOURS.get(summary["verdict"], _GREY)
+    cards = card_lines(state)
+    parts = ['<div class="nl-run-static" style="text-align:left">',
+             f'<div class="nl-verdict" data-verdict="{e(summary["verdict"])}" style="border-left:4px solid {colour};'
+             f'padding:4px 8px;margin:2px 0 6px 0;background:{colour}0f">',
+             f'<div style="font-weight:bold;color:{colour}">{e(cards[0][0])}</div>',
+             f'<div style="color:{_GREY}">{e(cards[1][0])}</div>']
+    if cards[2:]:
+        parts.append(_pre(cards[2:]))
+    for rank, stack in sorted(_stacks(state).items(), key=lambda item: int(item[0]) if item[0].isdigit() else 0):
+        parts.append(f"<details><summary>rank {e(rank)}: Python stack</summary>{_pre([(stack, None)])}</details>")
+    parts.append("</div>")
+    table = rank_table(state)
+    parts.append(_pre([(table[0], _GREY), *((line, _STATUS_COLOURS.get(status))
+                                            for line, (_, status, _) in zip(table[1:], _rows(state)))]))
+    balance = [(summary["balance"], None)] if summary.get("balance") else []
+    parts.append(_pre([*balance, (earlier_note(state) or f"whole log: {summary['inspect']}", _GREY),
+                       *((launcher_line(note), _GREY) for note in state["notes"]), *early_lines(state)]))
+    many = len(state["ranks"]) > OPEN_RANKS
+    for rank, (_, status, row) in zip(state["ranks"], _rows(state)):
+        lines = rank_lines(state, rank, prefix_template)
+        opened = not many or row.get("errors") or row.get("warnings") or status in ("failed", "stuck")
+        parts.append(f'<details class="nl-rank-lines" data-rank="{rank["rank"]}"{" open" if opened else ""}>'
+                     f'<summary>rank {rank["rank"]}: {e(status)}, {len(lines)} lines</summary>'
+                     f'{_pre([(text, colour) for _, text, colour in lines])}</details>')
+    others = _other_cards(state)
+    if others:
+        parts.append(_pre(others))
     parts.append("</div>")
     return "".join(parts)

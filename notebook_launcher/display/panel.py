@@ -8,11 +8,13 @@ display id. Two ways, depending on who listens:
   ``DELTAS_PER_S`` deltas a second (``FEW_RANKS_DELTAS_PER_S`` up to 8 ranks): what changed (``delta.py``),
   every new line; the MIME output is then
   refreshed only every ``REFRESH_S`` (cut to ``LIVE_BYTES``) and at the end (cut to ``SAVED_BYTES``);
-- without one (VS Code, classic Notebook, nbconvert, a kernel without frontend), the MIME output is the live
-  view: at most ``MAX_UPDATES_PER_S`` updates a second, fewer when it is large (``MAX_BYTES_PER_S``).
+- without one (Colab, Kaggle, VS Code, classic Notebook, nbconvert, a kernel without frontend), the MIME output
+  is the live view: at most ``MAX_UPDATES_PER_S`` updates a second, fewer when it is large (``MAX_BYTES_PER_S``),
+  each cut to ``FALLBACK_LIVE_BYTES``; and one every ``FALLBACK_IDLE_S`` while nothing happens, so that its clock
+  and a hang's seconds move (a few KB a second for a small run, at most ``FALLBACK_LIVE_BYTES / FALLBACK_IDLE_S``).
 
-Either way something goes out every ``IDLE_UPDATE_S`` while nothing happens (the extension moves the elapsed
-clock itself in between). The last MIME update, made when the run ends, is what the saved notebook keeps.
+A listening panel moves its clock itself: it gets a delta every ``IDLE_UPDATE_S`` while nothing happens. The last
+MIME update, made when the run ends and cut to ``SAVED_BYTES``, is what the saved notebook keeps.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ FEW_RANKS_DELTAS_PER_S = 8  # up to 8 ranks (columns, not the grid) deltas are s
 REFRESH_S = 10.0  # with a listening panel, the MIME output (what is saved, what others show) is this old at most
 LIVE_BYTES = 16_000  # ... and this large while the run goes on
 IDLE_UPDATE_S = 30.0  # the panel moves its clock itself; this says "still alive" when nothing else happens
+FALLBACK_IDLE_S = 2.0  # without a listening panel, the output's clock moves this often at least
+FALLBACK_LIVE_BYTES = 64_000  # ... and each of its updates before the end is cut to this (the end's to SAVED_BYTES)
 TICK_EVERY_S = 0.02  # a burst of events looks at the listeners once per this, not once per event
 _UNSET = object()
 DISPLAY_ENV_VAR = "NOTEBOOK_LAUNCHER_DISPLAY"
@@ -141,8 +145,8 @@ class PanelDisplay(FinishingDisplay):
             return
         since = now - self._published_at
         changed = self.state.changes != self._published_changes
-        if (changed and since >= self._interval) or since >= IDLE_UPDATE_S:
-            self.publish()
+        if (changed and since >= self._interval) or since >= FALLBACK_IDLE_S:
+            self.publish(limit=FALLBACK_LIVE_BYTES)
 
     def _tick_live(self, now: float, live: list, joining: list) -> None:
         changed = self.state.changes != self._delta_changes

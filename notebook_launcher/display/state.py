@@ -30,6 +30,9 @@ from ..schema.events import (
     LOG,
     OOM_RETRY,
     PROGRESS,
+    RECORD_LEVEL,
+    RECORD_MESSAGE,
+    RECORD_TIME,
     RESTART,
     SHAPE_MISMATCH,
     STATUS,
@@ -42,6 +45,7 @@ from ..schema.lines import LogRecords, StreamLines
 from ..schema.status import RankStatus, RunStatus
 from .describe import describe
 from .rank_state import LINES_PER_RANK, MAX_TEXT, RankState
+from .summary import LevelCounts, rank_row, run_summary
 
 MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
@@ -91,6 +95,7 @@ class RunState:
         self._balance_due = 0.0
         self._line_count = 0
         self._text_escaped = False  # the note of TEXT_ESCAPED is made (once per run)
+        self._levels = LevelCounts()  # each rank's warnings and errors, for the summary
         self.changes = 0  # bumped by every change, so a display knows when to publish
 
     # -- events ------------------------------------------------------------------------------------------------
@@ -112,6 +117,9 @@ class RunState:
             if type(item) is StreamLines or type(item) is LogRecords:
                 rank = ranks.get(item.rank) or self._rank(item)
                 rank.add_run(self._line_count + 1, started, item)
+                for index, frame in enumerate(item.frames if type(item) is LogRecords else (), self._line_count + 1):
+                    self._levels.add(item.rank, index, max(0.0, frame[RECORD_TIME] - started), frame[RECORD_LEVEL],
+                                     frame[RECORD_MESSAGE])
                 self._line_count += len(item)
                 rank.lines_total += len(item)
                 self.changes += len(item)
@@ -156,6 +164,7 @@ class RunState:
         line = {"n": self._line_count, "t": self._t(event), "kind": kind, "text": text[:MAX_TEXT]}
         if level is not None:
             line["level"], line["logger"] = level, logger
+            self._levels.add(event.rank, line["n"], line["t"], level, text)
         rank.lines.append(line)
 
     def _on_status(self, event: Event) -> None:
@@ -381,13 +390,21 @@ class RunState:
         return round((self._ended or time.monotonic()) - self._started, 3)
 
     def to_json(self) -> dict:
-        return {"version": 1, **self.header, "status": self.status, "started_at": self.started_at,
-                "elapsed": self.elapsed(), "attempt": self.attempt, "notes": list(self.notes),
-                "ranks": [self.ranks[rank].to_json() for rank in sorted(self.ranks)],
-                "shape_mismatches": list(self.shape_mismatches), "oom_retries": list(self.oom_retries),
-                "batch_size": self.batch_size, "triggers": list(self.triggers), "failure": self.failure,
-                "result": self.result, "hang": dict(self.hang) if self.hang else None, "hangs": list(self.hangs),
-                "balance": self.balance}
+        ranks = []
+        for number in sorted(self.ranks):
+            rank = self.ranks[number]
+            payload = rank.to_json()
+            # (an attribute too: delta.py sends a rank's row only when it changed, as its other fields)
+            rank.summary = payload["summary"] = rank_row(payload, self._levels.of(number))
+            ranks.append(payload)
+        state = {"version": 1, **self.header, "status": self.status, "started_at": self.started_at,
+                 "elapsed": self.elapsed(), "attempt": self.attempt, "notes": list(self.notes), "ranks": ranks,
+                 "shape_mismatches": list(self.shape_mismatches), "oom_retries": list(self.oom_retries),
+                 "batch_size": self.batch_size, "triggers": list(self.triggers), "failure": self.failure,
+                 "result": self.result, "hang": dict(self.hang) if self.hang else None, "hangs": list(self.hangs),
+                 "balance": self.balance}
+        state["summary"] = run_summary(state, self._levels.early)
+        return state
 
 
 def _rounded(value):
