@@ -81,8 +81,12 @@ class RunInspector(widgets.VBox):
                                                   layout=widgets.Layout(width="170px"))
         self.kind_filter = widgets.SelectMultiple(description="kind", rows=4,  # rows: as many as kinds (below)
                                                   layout=widgets.Layout(width="230px"))
-        self.level_filter = widgets.Dropdown(options=LEVELS, value=0, description="level", tooltip=LEVEL_HELP,
-                                             layout=widgets.Layout(width="260px"))
+        # (ipywidgets 8 shows a select's tooltip only when it has no description: the label is a widget of its own)
+        self.level_label = widgets.HTML(f'<span title="{html.escape(LEVEL_HELP)}">level</span>',
+                                        layout=widgets.Layout(width="80px", justify_content="flex-end",
+                                                              margin="0 4px 0 0"))
+        self.level_filter = widgets.Dropdown(options=LEVELS, value=0, tooltip=LEVEL_HELP,
+                                             layout=widgets.Layout(width="180px"))
         self.errors_button = widgets.ToggleButton(value=False, description="errors and warnings",
                                                   icon="exclamation-triangle", tooltip=LEVEL_HELP,
                                                   layout=widgets.Layout(width="190px"))
@@ -121,7 +125,8 @@ class RunInspector(widgets.VBox):
         self.reload_button.on_click(lambda _: self.reload())
 
         search_box = widgets.HBox([self.search, self.regex])
-        level_box = widgets.HBox([self.level_filter, self.errors_button])
+        level_box = widgets.HBox([self.level_label, self.level_filter, self.errors_button],
+                                 layout=widgets.Layout(align_items="center"))
         right = widgets.VBox([level_box, search_box])
         filters = widgets.HBox([self.rank_filter, self.kind_filter, right])
         pager = widgets.HBox([self.first_button, self.previous_button, self.page_label, self.next_button,
@@ -364,7 +369,8 @@ class RunInspector(widgets.VBox):
         """Close the panel and its controls and let go of the rows (ipywidgets keeps every open widget)."""
         if not hasattr(self, "_boxes"):
             return  # the constructor raised (no such run): nothing was made
-        for child in (self.header, self.rank_filter, self.kind_filter, self.level_filter, self.errors_button,
+        for child in (self.header, self.rank_filter, self.kind_filter, self.level_label, self.level_filter,
+                      self.errors_button,
                       self.search, self.regex,
                       self.first_button, self.previous_button, self.next_button, self.last_button, self.page_label,
                       self.line_box, self.go_button, self.reload_button, self.status, self.content, *self._boxes):

@@ -4,8 +4,8 @@ ipywidgets keeps a widget's state in the kernel, not in the notebook: reopened (
 nbconvert), the inspector's output reads "Error displaying widget: model not found" in JupyterLab, whose widget
 renderer has no fallback to another type of the same output. So ``RunInspector`` is shown as two outputs: this
 summary, then the widget. The summary's HTML carries a style for JupyterLab's (and Notebook 7's) output area
-that hides the summary while the widget right after it is drawn, and hides the widget's output while it is not
-(loading, or its model gone): live, the panel; reopened, the summary. Where that style does not apply (a
+that hides the summary while the widget right after it is drawn, and hides the widget's output when its model is
+gone ("model not found"): live, the panel; reopened, the summary. Where that style does not apply (a
 notebook not trusted, other frontends) both are shown. No widgets here.
 """
 
@@ -20,11 +20,13 @@ from .logview import LogView, count
 WIDGET_CLASS = "nl-inspector"  # the widget's CSS class
 SAVED_CLASS = "nl-inspector-saved"  # the summary's
 MAX_RANKS = 16  # rank rows in the summary; the others are counted in one line
-_WIDGET_OUTPUT = '> .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.widget-view+json"]'
+# The widget renderer's "Error displaying widget: model not found" is a text in an output node of this class (a
+# drawn widget's node has not the class; and a :has() cannot hold another, so the panel is excluded outside it).
+_WIDGET_ERROR = ".jp-OutputArea-child:has(> .jp-OutputArea-output.jupyter-widgets)"
 _STYLE = (f"<style>.jp-OutputArea-child:has(.{SAVED_CLASS}):has(+ .jp-OutputArea-child .{WIDGET_CLASS})"
           "{display:none}"
-          f".jp-OutputArea-child:has(.{SAVED_CLASS}) + .jp-OutputArea-child:has({_WIDGET_OUTPUT})"
-          f":not(:has(.{WIDGET_CLASS})){{display:none}}</style>")
+          f".jp-OutputArea-child:has(.{SAVED_CLASS}) + {_WIDGET_ERROR}:not(:has(.{WIDGET_CLASS})){{display:none}}"
+          "</style>")
 _MONO = "font-family:var(--jp-code-font-family,monospace),monospace"
 _CELL = "padding:0 12px 0 0;text-align:left;vertical-align:top"
 _STATUS_COLORS = {"finished": "#2e7d32", "running": "#1f5fa8", None: "#1f5fa8"}
