@@ -191,7 +191,7 @@ class RunInspector(widgets.VBox):
 
     @property
     def page_text(self) -> str:
-        """The rows of the page as plain text: ``line  time  [rank r]  kind  text``."""
+        """The rows of the page as plain text: ``#  time  [rank r]  kind  text`` (# the row's number)."""
         return self.view.page_text
 
     @property

@@ -232,7 +232,7 @@ class LogView:
 
     @property
     def page_text(self) -> str:
-        """The rows of the page as plain text: ``line  time  [rank r]  kind  text``, each text cut at
+        """The rows of the page as plain text: ``#  time  [rank r]  kind  text`` (# the row's number), each text cut at
         ``MAX_SHOWN_CHARS`` (``event(line)`` has it all)."""
         return "\n".join(f"{row.number:>7}  {elapsed(row.time):>10}  [rank {row.rank}]  "
                          f"{row.level or row.kind:<8}  {cut(row.text)}" for row in self.page_rows)
