@@ -207,17 +207,19 @@ def inspect_run(run: Any = None, *, rank: Any = None, kind: Any = None, level: A
     shows it a page (``page_size`` rows) at a time, so a run of millions of lines is fine in the browser.
 
     Optional first filters: ``rank`` (one rank or several), ``kind`` ("stdout", "stderr", "log", "failure",
-    "exit", "launcher", "restart", "progress", "oom_retry", ...), ``level`` (the lowest level of log records shown:
-    "DEBUG" ... "CRITICAL"; output lines are not affected), ``search`` (case-insensitive text; a regular
-    expression with ``regex=True``). The panel's controls change them; so does Python::
+    "exit", "launcher", "restart", "progress", "oom_retry", ...), ``level`` ("DEBUG" ... "CRITICAL": log records
+    at that level and above only, output lines and progress rows hidden; or "errors and warnings": those at
+    WARNING and above, failures, non-zero exits, hangs, out-of-memory retries and stderr lines that read as errors),
+    ``search`` (case-insensitive text; a regular expression with ``regex=True``). The panel's controls change
+    them; so does Python::
 
         from notebook_launcher import inspect_run, notebook_launcher
 
         notebook_launcher(train, num_processes=4)
-        panel = inspect_run(rank=3, level="WARNING")   # the last run: rank 3's output and warnings
+        panel = inspect_run(rank=3, level="WARNING")   # the last run: rank 3's warnings and errors logged
         panel                                          # shows it in the cell
         panel.search.value = "nan"                     # only the rows that mention nan
-        panel.rows[:5], panel.page_count, panel.go_to_line(1200)
+        panel.rows[:5], panel.page_count, panel.go_to_line(1200)   # row 1200 of the run (the # column)
         inspect_run("20250101-120000-4242-a1b2c3")     # a past run, by id (or its directory)
 
     Raises ``RunNotFoundError`` (a LookupError) naming the argument and listing recent run ids when the run

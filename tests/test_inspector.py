@@ -1,11 +1,12 @@
-"""The run inspector on real run logs: a real 2-process launch, a failed one, and a 100,000-line log."""
+"""The run inspector on real run logs: real 2-process launches (a chatty one, a training-like one with ~300
+prints, 12 warnings, an error and progress, a failed one), a 100,000-line log, and a real kernel's outputs."""
 
 import os
 import sys
 
 import pytest
 
-from notebook_launcher import RankFailedError, RunNotFoundError, get_logger, inspect_run, notebook_launcher
+from notebook_launcher import RankFailedError, RunNotFoundError, get_logger, inspect_run, notebook_launcher, report
 from notebook_launcher.display.inspector import RunInspector
 from notebook_launcher.schema.events import Event
 from notebook_launcher.schema.runlog import RUNS_DIR_ENV_VAR, RunLog
@@ -105,12 +106,11 @@ def test_rank_filter(inspector):
     assert inspector.rank_filter.value == (0,) and {row.rank for row in inspector.rows} == {0}
 
 
-def test_level_filter_applies_to_log_records_only(inspector):
+def test_level_filter_shows_log_records_only(inspector):
     inspector.level_filter.value = 30  # WARNING
-    logs = [row for row in inspector.rows if row.kind == "log"]
-    assert sorted(row.text for row in logs) == sorted(
+    assert sorted(texts(inspector.rows)) == sorted(
         f"chatty: {what} from rank {rank}" for what in ("Warning", "error") for rank in (0, 1))
-    assert any(row.kind == "stdout" for row in inspector.rows)  # output lines are not log records
+    assert {row.kind for row in inspector.rows} == {"log"}  # output lines are not log records: hidden
     inspector.filter(kind="log", level="ERROR")
     assert texts(inspector.rows) and all(row.level == "ERROR" for row in inspector.rows)
     inspector.filter(level="all")
@@ -178,9 +178,9 @@ def test_paging_boundaries(inspector):
     assert inspector.page == 5
     assert inspector.page_html.count("<tr") == 3 + 1  # the header row and this page's rows, nothing else
     target = inspector.rows[15]
-    assert inspector.go_to_line(target.line) == target and inspector.page == 3
+    assert inspector.go_to_line(target.number) == target and inspector.page == 3
     assert "background:#fff3b0" in inspector.page_html
-    assert inspector.go_to_line(target.line - 0) is target
+    assert inspector.go_to_line(target.number - 0) is target
     assert inspector.go_to_line(10**9) is None and inspector.page == 3
     inspector.search.value = "no such text anywhere"
     assert inspector.page_count == 1 and inspector.page == 1 and inspector.page_rows == []
@@ -201,7 +201,129 @@ def test_a_failed_run_shows_the_failure_and_its_traceback(monkeypatch, runs_dir)
     assert "bad value &lt;here&gt;" in panel.header.value
     panel.filter(search="second line of the message")  # the search sees the traceback too
     assert len(panel.rows) == 1
+    panel.filter(search="", kind="all")
+    panel.errors_button.value = True  # one click: the failure with its traceback, the exit it caused
+    kept = [(row.rank, row.kind, row.text) for row in panel.rows]
+    assert (1, "failure", "ValueError: bad value <here>") in kept and (1, "exit", "exit code 1") in kept
+    assert not [row for row in panel.rows if row.kind in ("stdout", "status", "progress")]
     panel.close()
+
+
+STEPS = 150
+
+
+def training(steps):
+    """Like a training loop: a print and a progress report per step (~300 lines on 2 ranks), an INFO record every
+    10 steps, a warning every 25 (12 in all), one logged error on rank 1, two lines on stderr."""
+    rank = int(os.environ["RANK"])
+    logger = get_logger("train", log_level="INFO")
+    print("loading 3 shards", file=sys.stderr)
+    for step in range(1, steps + 1):
+        print(f"rank {rank} step {step} loss {1 / step:.4f}")
+        report(step=step, total=steps, loss=1 / step)
+        if step % 10 == 0:
+            logger.info(f"rank {rank} at step {step}", main_process_only=False)
+        if step % 25 == 0:
+            logger.warning(f"rank {rank}: slow batch at step {step}", main_process_only=False)
+    if rank == 1:
+        logger.error("rank 1: could not write the checkpoint", main_process_only=False)
+    print("train.py:40: UserWarning: the learning rate is high", file=sys.stderr)
+    return rank
+
+
+WARNINGS = [f"train: rank {rank}: slow batch at step {step}" for step in range(25, STEPS + 1, 25) for rank in (0, 1)]
+ERROR = "train: rank 1: could not write the checkpoint"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real training-like run, its log under a folder of its own."""
+    root = tmp_path_factory.mktemp("training_runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(RUNS_DIR_ENV_VAR, str(root))
+        assert notebook_launcher(training, args=(STEPS,), num_processes=2, device="cpu", display="text") == 0
+        from notebook_launcher import last_run
+
+        return last_run()
+
+
+@pytest.fixture
+def training_panel(trained, monkeypatch):
+    monkeypatch.setenv(RUNS_DIR_ENV_VAR, os.path.dirname(trained.run_dir))
+    panel = inspect_run(trained.run_id)
+    yield panel
+    panel.close()
+
+
+def test_at_warning_only_the_warnings_and_the_error_are_shown(training_panel):
+    panel = training_panel
+    kinds = {row.kind for row in panel.all_rows}
+    assert {"stdout", "stderr", "progress", "log", "status", "exit"} <= kinds
+    assert len([row for row in panel.all_rows if row.kind == "stdout"]) == 2 * STEPS
+    panel.level_filter.value = 30  # what a user picks: "WARNING and above"
+    assert sorted(texts(panel.rows)) == sorted(WARNINGS + [ERROR])
+    assert len(panel.rows) == 13 and [row.text for row in panel.rows if row.rank == 1][-1] == ERROR
+    assert "output lines and progress rows hidden" in panel.status.value
+    assert "output lines (print, stderr) and progress rows are hidden" in panel.level_filter.tooltip
+    assert [label for label, _ in panel.level_filter.options][3] == "WARNING and above"
+    panel.filter(level="ERROR")
+    assert texts(panel.rows) == [ERROR]
+    panel.filter(level="INFO", rank=0)
+    assert len(panel.rows) == STEPS // 10 + 6 and {row.kind for row in panel.rows} == {"log"}
+
+
+def test_errors_and_warnings_in_one_click(training_panel):
+    panel = training_panel
+    panel.errors_button.value = True
+    assert panel.level_filter.value == "errors and warnings"
+    expected = WARNINGS + [ERROR] + ["train.py:40: UserWarning: the learning rate is high"] * 2
+    assert sorted(texts(panel.rows)) == sorted(expected)  # not "loading 3 shards" (stderr, but no error)
+    assert "errors and warnings" in panel.status.value
+    panel.errors_button.value = False  # a second click: every row again
+    assert panel.level_filter.value == 0 and len(panel.rows) == len(panel.all_rows)
+    panel.level_filter.value = "errors and warnings"  # the same choice in the level list presses the button
+    assert panel.errors_button.value is True
+    panel.filter(level="WARNING")
+    assert panel.errors_button.value is False and len(panel.rows) == 13
+    assert len(inspect_run(panel.run_id, level="errors and warnings").rows) == len(expected)
+
+
+def test_every_kind_is_listed_in_sight(training_panel):
+    panel = training_panel
+    options = [value for _, value in panel.kind_filter.options]
+    assert options[0] == "all" and set(options[1:]) == {row.kind for row in panel.all_rows}
+    assert panel.kind_filter.rows == len(options) >= 8  # the list is as tall as its entries: none scrolled away
+
+
+def test_rows_are_numbered_in_the_run(training_panel):
+    panel = training_panel
+    assert [row.number for row in panel.all_rows] == list(range(1, len(panel.all_rows) + 1))
+    panel.filter(level="WARNING")
+    first_warning = panel.rows[0]
+    assert f'<td style="padding:0 8px 0 0;vertical-align:top;white-space:nowrap;color:#999">' \
+           f'{first_warning.number}</td>' in panel.page_html
+    assert panel.page_text.split()[0] == str(first_warning.number)
+    assert ">#</th>" in panel.page_html
+    panel.filter(level="all")  # the warning in its context: the rows just before it are that rank's step
+    panel.page_size = 50
+    assert panel.go_to_line(first_warning.number) == first_warning == panel.row(first_warning.number)
+    assert panel.page == (first_warning.number - 1) // 50 + 1 and "background:#fff3b0" in panel.page_html
+    before = [row for row in panel.all_rows[:first_warning.number - 1] if row.rank == first_warning.rank]
+    assert before[-1].kind == "progress" and before[-2].text.startswith(f"rank {first_warning.rank} step 25 ")
+    assert panel.event(first_warning.line)["data"]["message"] == first_warning.text.split(": ", 1)[1]
+
+
+def test_the_saved_summary_counts_what_each_rank_said(training_panel):
+    panel = training_panel
+    bundle = panel.saved_summary
+    plain = bundle["text/plain"].splitlines()
+    assert plain[0] == panel.header_text.splitlines()[0] and "finished" in plain[0]
+    assert plain[2:4] == [f"rank 0: {STEPS + 2} output lines, 6 warnings, 0 errors, exit code 0",
+                          f"rank 1: {STEPS + 2} output lines, 6 warnings, 1 error, exit code 0"]
+    assert plain[-1].endswith(f"inspect_run({panel.run_id!r}) browses the whole log again.")
+    page = bundle["text/html"]
+    assert 'class="nl-inspector-saved"' in page and "nl-inspector" in panel._dom_classes
+    assert f"inspect_run(&#x27;{panel.run_id}&#x27;)" in page and "font-family:var(--jp-code-font-family" in page
 
 
 def synthetic_log(count):
@@ -251,7 +373,7 @@ def test_a_100k_line_run_log(runs_dir):
     panel.filter(search="", regex=False)
     panel.last_page()
     assert panel.page_rows[-1].line == count and "&lt;i&gt;ok&lt;/i&gt;" in panel.page_html
-    assert panel.go_to_line(54_321).line == 54_321 and panel.page == 54_321 // 200 + 1
+    assert panel.go_to_line(54_321).number == 54_321 and panel.page == 54_321 // 200 + 1
     panel.close()
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from notebook_launcher import RunNotFoundError
-from notebook_launcher.display.logview import LogView
+from notebook_launcher.display.logview import LEVEL_HELP, LogView
 from notebook_launcher.runs import resolve_run
 from notebook_launcher.schema.events import EXIT, FAILURE, LOG, PROGRESS, STATUS, STREAM, Event
 from notebook_launcher.schema.runlog import RunLog
@@ -73,15 +73,20 @@ def test_every_event_is_a_row_in_log_order(view):
 def test_rank_kind_and_level_filters(view):
     view.filter(rank=1, kind="stdout")
     assert texts(view.rows) == [f"rank 1 step {step}" for step in range(10)]
-    view.filter(rank="all", kind=[LOG, FAILURE], level="WARNING")  # the level leaves other kinds alone
+    view.filter(rank="all", kind=[LOG, FAILURE], level="INFO")  # a level: log records only, at it and above
+    assert {row.kind for row in view.rows} == {LOG} and len(view.rows) == 2 * 10 + 2
+    view.filter(kind="all", level="WARNING")  # output lines, progress, status and exits are not log records
+    assert texts(view.rows) == ["train: Slow data loader on rank 0", "train: Slow data loader on rank 1"]
+    view.filter(level="errors and warnings")  # the warnings, the failure and the exit it caused
     assert texts(view.rows) == ["train: Slow data loader on rank 0", "train: Slow data loader on rank 1",
-                                "ValueError: no <good>"]
-    assert view.rows[-1].detail == TRACEBACK
+                                "ValueError: no <good>", "exit code 1"]  # not rank 0 stopped by the launcher
+    assert view.rows[2].detail == TRACEBACK
     view.filter(level="all", kind="all")
     assert len(view.rows) == len(view.all_rows)
+    assert "output lines (print, stderr) and progress rows are hidden" in LEVEL_HELP
     with pytest.raises(ValueError, match=r"rank=\[7\] is not in this run; it has \['all', 0, 1\]"):
         view.filter(rank=7)
-    with pytest.raises(ValueError, match="expected DEBUG, INFO, WARNING, ERROR, CRITICAL or a number"):
+    with pytest.raises(ValueError, match="expected DEBUG, INFO, WARNING, ERROR, CRITICAL, a number, 'errors and "):
         view.filter(level="LOUD")
 
 
@@ -108,9 +113,9 @@ def test_pages_are_clamped_and_go_to_line_finds_the_next_kept_row(view):
     assert view.page == 1
     view.page_size = 3  # the first row shown stays on the page
     assert view.page_count == 7 and view.page == 1
-    target = view.go_to_line(view.rows[10].line - 1)  # a log line before it: the next stdout row is found
-    assert target == view.rows[10] and view.target_line == target.line and view.page == 4
-    assert view.page_text.splitlines()[1] == f"{target.line:>7}       0.110  [rank 0]  stdout    rank 0 step 5"
+    target = view.go_to_line(view.rows[10].number - 1)  # a log row before it: the next stdout row is found
+    assert target == view.rows[10] and view.target_line == target.number and view.page == 4
+    assert view.page_text.splitlines()[1] == f"{target.number:>7}       0.110  [rank 0]  stdout    rank 0 step 5"
     assert view.go_to_line(10**6) is None and view.target_line is None and view.page == 4
     view.filter(kind=LOG)  # filtering again starts at the first page
     assert view.page == 1
@@ -152,3 +157,41 @@ def test_the_model_does_not_import_ipywidgets():
             "print('ipywidgets' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_stderr_lines_that_read_as_errors_or_warnings_are_in_errors_and_warnings(runs_dir):
+    log = RunLog()
+    lines = ["Epoch 1:  40%|####      | 4/10 [00:01<00:01]", "Traceback (most recent call last):",
+             "  File \"t.py\", line 2, in f", "ValueError: bad", "t.py:3: UserWarning: the lr is high",
+             "[W1130 21:00:00.000000 socket.cpp:752] cannot reach 127.0.0.2", "loading 10 shards"]
+    for index, text in enumerate(lines):
+        log.write(Event(0, index, 1.0 + index, STREAM, {"stream": "stderr", "text": text}))
+    log.write(Event(0, 9, 9.0, STREAM, {"stream": "stdout", "text": "no error at all: stdout is not looked at"}))
+    log.close()
+    view = LogView(log.path).filter(level="errors and warnings")
+    assert texts(view.rows) == ["Traceback (most recent call last):", "ValueError: bad",
+                                "t.py:3: UserWarning: the lr is high",
+                                "[W1130 21:00:00.000000 socket.cpp:752] cannot reach 127.0.0.2"]
+    assert view.filter(level="WARNING").rows == []  # none is a log record
+
+
+def test_rows_are_numbered_in_the_run_whatever_the_log_holds_between_them(runs_dir, monkeypatch):
+    """Numbers count the rows a user sees (1, 2, 3 ...), not the lines of events.jsonl: a line that is not a
+    record, a log placeholder or a progress bar's earlier state take no number."""
+    monkeypatch.setattr(RunLog, "_FLUSH_EVERY_S", -1)  # every write reaches the file at once
+    log = RunLog()
+    log.write(Event(0, 0, 1.0, STREAM, {"stream": "stdout", "text": "first"}))
+    log._events.write("not a record\n")
+    log.write(Event(0, 1, 1.1, LOG, {"in_order": 1}))  # a placeholder: nothing to read
+    for step in range(3):
+        log.write(Event(0, 2 + step, 1.2, STREAM, {"stream": "stderr", "text": f"bar {step}/3", "redraw": True}))
+    log.write(Event(0, 5, 1.3, LOG, record("WARNING", 30, "second")))
+    log.close()
+    view = LogView(log.path)
+    assert [(row.number, row.line, row.text) for row in view.all_rows] == [
+        (1, 1, "first"), (2, 6, "bar 2/3"), (3, 7, "train: second")]
+    view.filter(level="WARNING")
+    assert [row.number for row in view.rows] == [3] and view.page_text.split()[0] == "3"
+    view.filter(level="all")
+    assert view.go_to_line(2).text == "bar 2/3" and view.row(3).text == "train: second" and view.row(4) is None
+    assert view.event(view.row(3).line)["data"]["message"] == "second"

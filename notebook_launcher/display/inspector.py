@@ -4,8 +4,12 @@ The cell that launched a run shows what the ranks printed as it arrived, mixed t
 only so many lines in memory. When a run has printed a hundred thousand lines, or failed an hour ago, or in a
 kernel that has been restarted since, the question is "what did rank 3 log at WARNING and above just before it
 died?". ``inspect_run()`` answers it from the run log on disk (``events.jsonl``, written by ``RunLog``), the
-whole run, in an ipywidgets panel: filter by rank, log level, kind of event and text (substring or regex), one
-page of rows at a time (the browser never holds more than a page, so a huge log does not freeze it).
+whole run, in an ipywidgets panel: filter by rank, level (log records at a level and above, or one click for
+"errors and warnings"), kind of event and text (substring or regex), one page of rows at a time (the browser never
+holds more than a page, so a huge log does not freeze it). Rows are numbered in the order of the run ("#").
+
+ipywidgets' state is not saved with a notebook: reopened, a widget's output reads "model not found". So the panel
+is shown with a static summary of the run just before it (``inspector_saved.py``), which a saved notebook keeps.
 
 This module is the widget only: the rows, filters and pages are a ``LogView`` (``logview.py``, no widgets),
 read from the log by ``logreader.py``. Everything the panel shows is reachable from Python
@@ -23,8 +27,20 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..schema.events import EXIT, FAILURE, LAUNCHER, LOG, OOM_RETRY, PROGRESS, SHAPE_MISMATCH, STATUS, TRIGGER
+from .inspector_saved import WIDGET_CLASS, header_html, saved_summary_bundle
 from .logreader import Row
-from .logview import ALL, LEVELS, MAX_SHOWN_CHARS, PAGE_SIZE, LogView, count, elapsed, levelno
+from .logview import (
+    ALL,
+    ERRORS_AND_WARNINGS,
+    LEVEL_HELP,
+    LEVELS,
+    MAX_SHOWN_CHARS,
+    PAGE_SIZE,
+    LogView,
+    count,
+    elapsed,
+    levelno,
+)
 from .logview import cut as _cut
 
 __all__ = ["Row", "RunInspector"]
@@ -42,15 +58,18 @@ class RunInspector(widgets.VBox):
     Python API (setting a control's value filters at once; ``view`` is the ``LogView`` underneath):
 
     - ``rank_filter.value``: a tuple of ranks, or ``("all",)``; ``kind_filter.value``: a tuple of kinds
-      ("stdout", "stderr", "log", "failure", ...), or ``("all",)``; ``level_filter.value``: the lowest level of
-      log records shown (0 for all; other kinds are not affected); ``search.value``: text, case-insensitive,
-      a substring or, with ``regex.value = True``, a regular expression. ``filter(...)`` sets several at once.
+      ("stdout", "stderr", "log", "failure", ...), or ``("all",)``; ``level_filter.value``: 0 for every row, a
+      level number for log records at that level and above only (output lines and progress rows are hidden), or
+      "errors and warnings" (``errors_button`` sets it in one click; ``logview.is_error_or_warning`` says what it
+      keeps); ``search.value``: text, case-insensitive, a substring or, with ``regex.value = True``, a regular
+      expression. ``filter(...)`` sets several at once.
     - ``rows``: the rows that pass the filters (``Row`` tuples); ``all_rows``: every row.
     - ``page`` (1-based, clamped) of ``page_count``, ``page_size``; ``page_rows``; ``first_page()``,
-      ``previous_page()``, ``next_page()``, ``last_page()``; ``go_to_line(n)``: the page with line n of
-      events.jsonl (or the next line the filters keep).
+      ``previous_page()``, ``next_page()``, ``last_page()``; ``go_to_line(n)``: the page with row n (the "#"
+      column: the n-th row of the run, whatever the filters; or the next row the filters keep).
     - ``page_html`` (what the panel shows) and ``page_text`` (the same rows as plain text).
-    - ``reload()``: read what a running run wrote since; ``event(line)``: the full record of one line.
+    - ``reload()``: read what a running run wrote since; ``row(n)``: row n; ``event(row.line)``: its full record.
+    - ``saved_summary``: the static summary shown above the panel, which a saved notebook keeps.
     """
 
     def __init__(self, run_dir: str, run: Any = None, *, page_size: int = PAGE_SIZE):
@@ -60,10 +79,17 @@ class RunInspector(widgets.VBox):
         self.header = widgets.HTML()
         self.rank_filter = widgets.SelectMultiple(description="rank", rows=4,
                                                   layout=widgets.Layout(width="170px"))
-        self.kind_filter = widgets.SelectMultiple(description="kind", rows=4,
-                                                  layout=widgets.Layout(width="220px"))
-        self.level_filter = widgets.Dropdown(options=LEVELS, value=0, description="log level",
-                                             layout=widgets.Layout(width="200px"))
+        self.kind_filter = widgets.SelectMultiple(description="kind", rows=4,  # rows: as many as kinds (below)
+                                                  layout=widgets.Layout(width="230px"))
+        # (ipywidgets 8 shows a select's tooltip only when it has no description: the label is a widget of its own)
+        self.level_label = widgets.HTML(f'<span title="{html.escape(LEVEL_HELP)}">level</span>',
+                                        layout=widgets.Layout(width="80px", justify_content="flex-end",
+                                                              margin="0 4px 0 0"))
+        self.level_filter = widgets.Dropdown(options=LEVELS, value=0, tooltip=LEVEL_HELP,
+                                             layout=widgets.Layout(width="180px"))
+        self.errors_button = widgets.ToggleButton(value=False, description="errors and warnings",
+                                                  icon="exclamation-triangle", tooltip=LEVEL_HELP,
+                                                  layout=widgets.Layout(width="190px"))
         self.search = widgets.Text(placeholder="search (case-insensitive)", description="search",
                                    continuous_update=True, layout=widgets.Layout(width="320px"))
         self.regex = widgets.Checkbox(value=False, description="regex", indent=False,
@@ -73,9 +99,10 @@ class RunInspector(widgets.VBox):
         self.next_button = _icon_button("angle-right", "next page")
         self.last_button = _icon_button("angle-double-right", "last page")
         self.page_label = widgets.HTML()
-        self.line_box = widgets.BoundedIntText(value=1, min=1, max=10**12, description="line",
+        self.line_box = widgets.BoundedIntText(value=1, min=1, max=10**12, description="row #",
+                                               tooltip="a row's number in the run (the # column)",
                                                layout=widgets.Layout(width="170px"))
-        self.go_button = widgets.Button(description="go", tooltip="show the page with this line of events.jsonl",
+        self.go_button = widgets.Button(description="go", tooltip="show the page with this row (the # column)",
                                         layout=widgets.Layout(width="50px"))
         self.reload_button = _icon_button("refresh", "read what the run wrote since")
         self.status = widgets.HTML()
@@ -88,6 +115,7 @@ class RunInspector(widgets.VBox):
         self.kind_filter.observe(self._on_choice, names="value")
         for control in (self.level_filter, self.search, self.regex):
             control.observe(self._on_filter, names="value")
+        self.errors_button.observe(self._on_errors_button, names="value")
         self.first_button.on_click(lambda _: self.first_page())
         self.previous_button.on_click(lambda _: self.previous_page())
         self.next_button.on_click(lambda _: self.next_page())
@@ -97,13 +125,17 @@ class RunInspector(widgets.VBox):
         self.reload_button.on_click(lambda _: self.reload())
 
         search_box = widgets.HBox([self.search, self.regex])
-        right = widgets.VBox([self.level_filter, search_box])
+        level_box = widgets.HBox([self.level_label, self.level_filter, self.errors_button],
+                                 layout=widgets.Layout(align_items="center"))
+        right = widgets.VBox([level_box, search_box])
         filters = widgets.HBox([self.rank_filter, self.kind_filter, right])
         pager = widgets.HBox([self.first_button, self.previous_button, self.page_label, self.next_button,
                               self.last_button, self.line_box, self.go_button, self.reload_button],
                              layout=widgets.Layout(align_items="center"))
-        self._boxes = (search_box, right, filters, pager)
+        self._boxes = (search_box, level_box, right, filters, pager)
         super().__init__([self.header, filters, pager, self.status, self.content])
+        self.add_class(WIDGET_CLASS)  # what the saved summary's style looks for (inspector_saved.py)
+        self._saved_display: Any = None  # the display handle of the saved summary, once shown
         self._apply_filters()
 
     # ---- state: the view's
@@ -159,7 +191,7 @@ class RunInspector(widgets.VBox):
 
     @property
     def page_text(self) -> str:
-        """The rows of the page as plain text: ``line  time  [rank r]  kind  text``."""
+        """The rows of the page as plain text: ``#  time  [rank r]  kind  text`` (# the row's number)."""
         return self.view.page_text
 
     @property
@@ -173,8 +205,26 @@ class RunInspector(widgets.VBox):
         return self.view.header_text
 
     def event(self, line: int) -> dict:
-        """The whole record at line ``line`` of events.jsonl (as RunLog wrote it)."""
+        """The whole record at line ``line`` of events.jsonl (as RunLog wrote it): ``event(row.line)``."""
         return self.view.event(line)
+
+    def row(self, number: int) -> Row | None:
+        """Row ``number`` (the "#" column) of the run, whatever the filters; None when there is none."""
+        return self.view.row(number)
+
+    @property
+    def saved_summary(self) -> dict:
+        """The static summary of the run (text/html and text/plain) shown above the panel and saved with the
+        notebook: what a reopened notebook shows in place of the panel, whose state is not saved."""
+        return saved_summary_bundle(self.view)
+
+    def _ipython_display_(self, **kwargs: Any) -> None:
+        """The saved summary, then the panel: a reopened notebook shows the summary (the panel's model is gone);
+        while the panel is there the summary's own style hides it."""
+        from IPython.display import display
+
+        self._saved_display = display(self.saved_summary, raw=True, display_id=True)
+        display(self._repr_mimebundle_(**kwargs), raw=True)
 
     # ---- actions
 
@@ -190,12 +240,12 @@ class RunInspector(widgets.VBox):
     def last_page(self) -> None:
         self.page = self.page_count
 
-    def go_to_line(self, line: int) -> Row | None:
-        """Show the page holding line ``line`` of events.jsonl, or the first line after it that the filters keep;
-        that row is marked. Returns it (None when no row at or after that line passes the filters)."""
-        row = self.view.go_to_line(line)
+    def go_to_line(self, number: int) -> Row | None:
+        """Show the page holding row ``number`` (the "#" column), or the first row after it that the filters keep;
+        that row is marked. Returns it (None when no row at or after it passes the filters)."""
+        row = self.view.go_to_line(number)
         if row is None:
-            self._set_status(f"no row at or after line {int(line):,} passes the filters")
+            self._set_status(f"no row at or after row {int(number):,} passes the filters")
         else:
             self._render()
         return row
@@ -228,6 +278,8 @@ class RunInspector(widgets.VBox):
             self._update_options()
         self.header.value = self._header_html()
         self._render()
+        if self._saved_display is not None:  # what a saved notebook keeps: the run as it is now
+            self._saved_display.update(self.saved_summary, raw=True)
         return came
 
     # ---- internals
@@ -239,6 +291,8 @@ class RunInspector(widgets.VBox):
             for control, options in ((self.rank_filter, [(f"rank {rank}", rank) for rank in self.view.rank_options]),
                                      (self.kind_filter, [(kind, kind) for kind in self.view.kind_options])):
                 options = [(ALL, ALL)] + options
+                # every kind in sight (a run has a dozen at most); ranks: a scrolled list past 8
+                control.rows = len(options) if control is self.kind_filter else min(max(len(options), 4), 9)
                 if list(control.options) != options:
                     chosen = control.value
                     control.options = options
@@ -262,8 +316,19 @@ class RunInspector(widgets.VBox):
         self._on_filter(change)
 
     def _on_filter(self, _change: dict | None = None) -> None:
+        was_quiet, self._quiet = self._quiet, True
+        try:  # the shortcut button shows whether the level is "errors and warnings"
+            self.errors_button.value = self.level_filter.value == ERRORS_AND_WARNINGS
+        finally:
+            self._quiet = was_quiet
         if not self._quiet:
             self._apply_filters()
+
+    def _on_errors_button(self, change: dict) -> None:
+        """One click: errors and warnings; a second: every row again."""
+        if self._quiet:
+            return
+        self.level_filter.value = ERRORS_AND_WARNINGS if change["new"] else 0
 
     def _apply_filters(self) -> None:
         """What the controls say, to the view; then the page."""
@@ -286,6 +351,11 @@ class RunInspector(widgets.VBox):
         view = self.view
         text = (f"{len(view.rows):,} of {count(len(view.all_rows), 'row')} "
                 f"(filtered in {view.filter_seconds * 1000:.0f} ms)")
+        if view.level == ERRORS_AND_WARNINGS:
+            text += " &middot; errors and warnings (log records at WARNING and above, failures, exits, stderr errors)"
+        elif view.level:
+            text += (f" &middot; log records at {html.escape(logging.getLevelName(view.level))} and above only: "
+                     "output lines and progress rows hidden")
         if view.error:
             text += f" &middot; <span style=\"color:#c00000\">{html.escape(view.error)}</span>"
         if note:
@@ -293,22 +363,15 @@ class RunInspector(widgets.VBox):
         self.status.value = f'<span style="color:#555">{text}</span>'
 
     def _header_html(self) -> str:
-        first, _, cause = self.view.header_text.partition("\n")
-        status = self.view.summary.get("status")
-        color = {"finished": "#2e7d32", "running": "#1f5fa8", None: "#1f5fa8"}.get(status, "#c00000")
-        name, _, rest = first.partition("  ·  ")
-        status, _, rest = rest.partition("  ·  ")
-        out = (f"<b>{html.escape(name)}</b> &middot; <b style=\"color:{color}\">{html.escape(status)}</b> &middot; "
-               f"{html.escape(rest).replace('  ·  ', ' &middot; ')}")
-        if cause:
-            out += f"<br><span style=\"color:#c00000\">{html.escape(cause)}</span>"
-        return f'<div style="font-size:13px">{out}</div>'
+        return header_html(self.view)
 
     def close(self) -> None:
         """Close the panel and its controls and let go of the rows (ipywidgets keeps every open widget)."""
         if not hasattr(self, "_boxes"):
             return  # the constructor raised (no such run): nothing was made
-        for child in (self.header, self.rank_filter, self.kind_filter, self.level_filter, self.search, self.regex,
+        for child in (self.header, self.rank_filter, self.kind_filter, self.level_label, self.level_filter,
+                      self.errors_button,
+                      self.search, self.regex,
                       self.first_button, self.previous_button, self.next_button, self.last_button, self.page_label,
                       self.line_box, self.go_button, self.reload_button, self.status, self.content, *self._boxes):
             child.close()
@@ -323,20 +386,21 @@ def _page_html(rows: list[Row], mark: re.Pattern | None, target_line: int | None
     """One page of rows as an HTML table: every text escaped, the search marked, the target line highlighted."""
     parts = [('<table style="border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);'
              'font-size:12px;line-height:1.35;width:100%">'),
-             (f'<tr style="color:#777;text-align:left"><th style="{_CELL}">line</th>'
+             (f'<tr style="color:#777;text-align:left"><th style="{_CELL}" title="the row\'s number in the run, '
+              f'whatever the filters">#</th>'
               f'<th style="{_CELL};text-align:right">time</th><th style="{_CELL}">rank</th>'
               f'<th style="{_CELL}">kind</th><th style="{_TEXT_CELL};width:100%">text</th></tr>')]
     for row in rows:
         color = _LEVEL_COLORS.get(row.levelno) if row.kind == LOG else _KIND_COLORS.get(row.kind)
         style = f"color:{color};" if color else ""
-        if row.line == target_line:
+        if row.number == target_line:
             style += "background:#fff3b0;"
         body = _marked(_cut(row.text), mark)
         if row.detail:
             body = (f"<details><summary>{body}</summary>"
                     f"<div style=\"color:#444\">{_marked(_cut(row.detail, 20 * MAX_SHOWN_CHARS), mark)}</div>"
                     "</details>")
-        parts.append(f'<tr style="{style}"><td style="{_CELL};color:#999">{row.line}</td>'
+        parts.append(f'<tr style="{style}"><td style="{_CELL};color:#999">{row.number}</td>'
                      f'<td style="{_CELL};text-align:right">{elapsed(row.time)}</td><td style="{_CELL}">{row.rank}</td>'
                      f'<td style="{_CELL}">{html.escape(row.level or row.kind)}</td>'
                      f'<td style="{_TEXT_CELL}">{body}</td></tr>')

@@ -17,13 +17,13 @@ from .describe import describe, log_text, stream_name
 __all__ = ["LogReader", "Row", "read_summary"]
 
 # Row fields by position, for the filters (index access is what keeps 100k rows fast).
-_RANK, _KIND, _LEVELNO, _TEXT, _DETAIL, _HAYSTACK = 2, 3, 5, 6, 7, 8
+_RANK, _KIND, _LEVELNO, _TEXT, _DETAIL, _HAYSTACK, _NUMBER = 2, 3, 5, 6, 7, 8, 9
 
 
 class Row(NamedTuple):
     """One row of the inspector: one event of the run log."""
 
-    line: int  # line number in events.jsonl (1-based): stable whatever the filters
+    line: int  # line number in events.jsonl (1-based): where its record is (``event(line)``)
     time: float  # seconds since the first event of the run
     rank: int
     kind: str  # "stdout" / "stderr" for output lines, else the event kind ("log", "failure", "exit", ...)
@@ -32,6 +32,7 @@ class Row(NamedTuple):
     text: str  # what the row says
     detail: str  # more, shown folded: a traceback, a log record's exception text; "" if none
     haystack: str  # text and detail in lower case, for the search box
+    number: int  # the row's number in the run (1-based, what the "#" column shows): stable whatever the filters
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -50,6 +51,10 @@ class LogReader:
 
     A line a rank redraws in place (a tqdm bar: ``stream`` events with ``"redraw": True``) is one row, its newest
     state: each state replaces the one before, and the line that ends it (same rank and stream) replaces the last.
+
+    Rows are numbered 1, 2, 3 ... in the order of the log, as they are read (``Row.number``): the numbers a user
+    sees do not change when the log grows (a bar still redrawing when it was read gives its number up to its newer
+    state, the only gap there can be).
     """
 
     def __init__(self, path: str):
@@ -61,6 +66,7 @@ class LogReader:
         self._last_time = 0.0  # the time of the row before (for a record without a finite time)
         self.redrawn = 0  # redraw states replaced by a newer one (not rows)
         self._redraw_at: dict[tuple, int] = {}  # (rank, stream) -> line of its newest redraw state, still a row
+        self.rows_read = 0  # rows numbered so far
 
     offset = property(lambda self: self._lines.offset)  # bytes consumed
     lines = property(lambda self: self._lines.lines)  # lines consumed
@@ -71,14 +77,18 @@ class LogReader:
     def read_new(self) -> tuple[list[Row], set[int]]:
         """The rows of the lines written since the last read, and the lines of earlier rows that they replace
         (redraw states of a progress bar)."""
-        rows = self._read_rows()
+        fields = self._read_rows()
         stale = self._stale
         if stale:
-            rows = [row for row in rows if row[0] not in stale]
-            stale = stale.difference(row[0] for row in rows)  # only earlier reads' rows are left to drop
+            fields = [row for row in fields if row[0] not in stale]
+            stale = stale.difference(row[0] for row in fields)  # only earlier reads' rows are left to drop
+        make, first = tuple.__new__, self.rows_read + 1
+        rows = [make(Row, (*row, number)) for number, row in enumerate(fields, first)]
+        self.rows_read += len(rows)
         return rows, stale
 
-    def _read_rows(self) -> list[Row]:
+    def _read_rows(self) -> list[tuple]:
+        """Each row's fields but its number, in the order of the log (redraw states the read replaced included)."""
         self._stale: set[int] = set()
         first_number = self._lines.lines + 1
         records = []
@@ -94,9 +104,8 @@ class LogReader:
             if times:
                 self.start = min(times)
         start = self.start or 0.0
-        rows: list[Row] = []
+        rows: list[tuple] = []
         append = rows.append
-        make = tuple.__new__
         redraw_at = self._redraw_at
         last_time = self._last_time
         for number, record in enumerate(records, first_number):
@@ -111,20 +120,20 @@ class LogReader:
                 stream = stream_name(data)
                 if redraw_at or data.get("redraw"):
                     self._redraw(rank, stream, number, bool(data.get("redraw")))
-                append(make(Row, (number, when, rank, stream, "", 0, text, "", text.lower())))
+                append((number, when, rank, stream, "", 0, text, "", text.lower()))
                 continue
             if kind == LOG and "message" in data and not data.get("exc_text") \
                     and not data.get("stack") and type(data.get("levelno")) is int:
                 text = log_text(data.get("logger"), data["message"])
-                append(make(Row, (number, when, rank, LOG, str(data.get("level") or ""), data["levelno"], text, "",
-                                  text.lower())))
+                append((number, when, rank, LOG, str(data.get("level") or ""), data["levelno"], text, "",
+                        text.lower()))
                 continue
             described = describe(kind, data, rank)
             if described is None:
                 continue
             kind_name, level, levelno, text, detail, _ = described
             haystack = f"{text}\n{detail}".lower() if detail else text.lower()
-            append(make(Row, (number, when, rank, kind_name, level, levelno, text, detail, haystack)))
+            append((number, when, rank, kind_name, level, levelno, text, detail, haystack))
         self._last_time = last_time
         return rows
 

@@ -1,13 +1,17 @@
 """What the inspector shows of a run log, without the widgets: the rows that pass the filters, a page at a time.
 
 ``LogView`` holds one run's rows (``logreader.py`` reads them) and the filters the inspector offers: ranks,
-kinds, the lowest log level, and a case-insensitive search (substring or regular expression), plus the page
-shown and the header line. The widget (``inspector.py``) draws it and feeds it what its controls say; scripts and tests
-use it as it is::
+kinds, a level (log records at that level and above, or "errors and warnings"), and a case-insensitive search
+(substring or regular expression), plus the page shown and the header line. The widget (``inspector.py``) draws
+it and feeds it what its controls say; scripts and tests use it as it is::
 
     view = LogView(run_dir)             # the folder of a run log (runs.resolve_run finds it from an id)
     view.filter(rank=3, level="WARNING", search="nan")
     view.rows, view.page_text, view.go_to_line(1200)
+
+Rows are numbered 1, 2, 3 ... in the order of the run (``Row.number``, the "#" column): row 1200 is the
+1200th row of the whole run whatever the filters, so a warning found with a filter can be looked at in its
+context (``go_to_line(1200)`` with the filters cleared).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from ..schema.events import (
     BATCH_SIZE,
     EXIT,
     FAILURE,
+    HANG_NOTICE,
     LAUNCHER,
     LOG,
     OOM_RETRY,
     PROGRESS,
+    RESTART,
     RESULT,
     SHAPE_MISMATCH,
     STATUS,
@@ -34,13 +40,22 @@ from ..schema.events import (
 )
 from ..schema.runlog import MAX_LOG_BYTES, MAX_RECORD_BYTES, RunFileLines, RunFileRefused, parse_record
 from .describe import first_line
-from .logreader import _DETAIL, _HAYSTACK, _KIND, _LEVELNO, _RANK, _TEXT, LogReader, Row, read_summary
+from .logreader import _DETAIL, _HAYSTACK, _KIND, _LEVELNO, _NUMBER, _RANK, _TEXT, LogReader, Row, read_summary
 
 ALL = "all"
 PAGE_SIZE = 200
 MAX_SHOWN_CHARS = 2000  # a longer text (a progress bar redrawn with \r) is cut on the page; event(line) has it all
-LEVELS = (("all levels", 0), ("DEBUG", logging.DEBUG), ("INFO", logging.INFO), ("WARNING", logging.WARNING),
-          ("ERROR", logging.ERROR), ("CRITICAL", logging.CRITICAL))
+ERRORS_AND_WARNINGS = "errors and warnings"  # the shortcut level: see is_error_or_warning()
+LEVELS = (("every row", 0), ("DEBUG and above", logging.DEBUG), ("INFO and above", logging.INFO),
+          ("WARNING and above", logging.WARNING), ("ERROR and above", logging.ERROR), ("CRITICAL", logging.CRITICAL),
+          (ERRORS_AND_WARNINGS, ERRORS_AND_WARNINGS))  # the level filter's choices (label, value)
+LEVEL_HELP = ("A level shows log records only (get_logger, logging), at that level and above: output lines (print, "
+              "stderr) and progress rows are hidden. 'errors and warnings' shows log records at WARNING and above, "
+              "failures and tracebacks, non-zero exits, hangs, out-of-memory retries, restarts and stderr lines that "
+              "look like an error or a warning.")
+_ALWAYS_SHOWN_KINDS = frozenset((FAILURE, SHAPE_MISMATCH, OOM_RETRY, HANG_NOTICE, RESTART))
+# a stderr line that reads as an error or a warning: Python's tracebacks and warnings, C++ logs ([W1130 ..., E1130 ...)
+_ERROR_LIKE = re.compile(r"error|exception|traceback|warning|fatal|abort|^\[?[EWF]\d{4} ", re.IGNORECASE)
 KIND_ORDER = ("stdout", "stderr", LOG, FAILURE, EXIT, STATUS, RESULT, LAUNCHER, PROGRESS, SHAPE_MISMATCH, TRIGGER,
               BATCH_SIZE, OOM_RETRY)  # how the kind filter lists the kinds a run has (others after, by name)
 _SUMMARY_KEYS = ("run_id", "status", "device", "backend", "start_method", "num_processes", "world_size", "attempts")
@@ -49,13 +64,15 @@ _SUMMARY_KEYS = ("run_id", "status", "device", "backend", "start_method", "num_p
 class LogView:
     """One run's log as rows, filtered and paged.
 
-    - ``ranks`` / ``kinds``: tuples of the ranks or kinds shown, ``("all",)`` for all; ``level``: the lowest
-      level of log records shown (0: all; other kinds are not affected); ``search`` (case-insensitive) and
+    - ``ranks`` / ``kinds``: tuples of the ranks or kinds shown, ``("all",)`` for all; ``level``: 0 for every
+      row, a level number for log records at that level and above only (output lines, progress and other rows
+      are hidden), or ``"errors and warnings"`` (``is_error_or_warning``); ``search`` (case-insensitive) and
       ``regex``. ``filter(...)`` sets them from what a user writes; ``set_filters(...)`` as they are.
     - ``all_rows``; ``rows``: those that pass the filters, in the order of the run log; ``error``: why the
       last filter could not apply (an invalid regular expression), else "".
     - ``page`` (1-based, clamped) of ``page_count``, ``page_size``, ``page_rows``, ``page_text``;
-      ``go_to_line(n)``; ``target_line``: the line ``go_to_line`` found, to mark.
+      ``go_to_line(n)`` (n: a row's number, the "#" column); ``target_line``: the number of the row it found, to
+      mark; ``row(n)``: the row numbered n.
     - ``reload()`` reads what a running run wrote since; ``event(line)`` is one line's whole record.
     """
 
@@ -70,14 +87,14 @@ class LogView:
         self.refresh_summary()
         self.ranks: tuple = (ALL,)
         self.kinds: tuple = (ALL,)
-        self.level = 0
+        self.level: int | str = 0
         self.search = ""
         self.regex = False
         self.error = ""
         self.filter_seconds = 0.0
         self.target_line: int | None = None
         self.rows: list[Row] = []
-        self._lines: list[int] = []  # the line number of each filtered row, for go_to_line
+        self._numbers: list[int] = []  # the number of each filtered row, for go_to_line
         self._page_size = max(1, int(page_size))
         self._page = 1
         self.apply()
@@ -113,14 +130,15 @@ class LogView:
     def filter(self, rank: Any = None, kind: Any = None, level: Any = None, search: str | None = None,
                regex: bool | None = None) -> LogView:
         """Set several filters at once (one pass over the rows). ``rank``/``kind``: one value or several
-        ("all" for all); ``level``: a level name or number; None leaves a filter as it is."""
+        ("all" for all); ``level``: a level name or number, "errors and warnings", or "all"; None leaves a filter
+        as it is."""
         self.set_filters(ranks=None if rank is None else self.choice("rank", rank),
                          kinds=None if kind is None else self.choice("kind", kind),
                          level=None if level is None else levelno(level), search=search,
                          regex=None if regex is None else bool(regex))
         return self
 
-    def set_filters(self, *, ranks: tuple | None = None, kinds: tuple | None = None, level: int | None = None,
+    def set_filters(self, *, ranks: tuple | None = None, kinds: tuple | None = None, level: int | str | None = None,
                     search: str | None = None, regex: bool | None = None, keep_page: bool = False) -> None:
         """Set filters to these values (None: as it is) and apply them."""
         if ranks is not None:
@@ -146,8 +164,11 @@ class LogView:
         kinds = _selected(self.kinds)
         if kinds is not None:
             rows = [row for row in rows if row[_KIND] in kinds]
-        if self.level:
-            rows = [row for row in rows if row[_LEVELNO] >= self.level or row[_KIND] != LOG]
+        if self.level == ERRORS_AND_WARNINGS:
+            rows = [row for row in rows if is_error_or_warning(row)]
+        elif self.level:
+            level = self.level
+            rows = [row for row in rows if row[_KIND] == LOG and row[_LEVELNO] >= level]
         needle = self.search
         if needle:
             if self.regex:
@@ -162,7 +183,7 @@ class LogView:
                 lowered = needle.lower()
                 rows = [row for row in rows if lowered in row[_HAYSTACK]]
         self.rows = rows
-        self._lines = [row[0] for row in rows]
+        self._numbers = [row[_NUMBER] for row in rows]
         self.filter_seconds = time.perf_counter() - started
         if not keep_page:
             self._page = 1
@@ -211,22 +232,29 @@ class LogView:
 
     @property
     def page_text(self) -> str:
-        """The rows of the page as plain text: ``line  time  [rank r]  kind  text``, each text cut at
+        """The rows of the page as plain text: ``#  time  [rank r]  kind  text`` (# the row's number), each text cut at
         ``MAX_SHOWN_CHARS`` (``event(line)`` has it all)."""
-        return "\n".join(f"{row.line:>7}  {elapsed(row.time):>10}  [rank {row.rank}]  "
+        return "\n".join(f"{row.number:>7}  {elapsed(row.time):>10}  [rank {row.rank}]  "
                          f"{row.level or row.kind:<8}  {cut(row.text)}" for row in self.page_rows)
 
-    def go_to_line(self, line: int) -> Row | None:
-        """The page holding line ``line`` of events.jsonl, or the first line after it that the filters keep; that
-        row becomes ``target_line``. Returns it (None, and the page as it was, when no row at or after that line
-        passes the filters)."""
-        index = bisect.bisect_left(self._lines, int(line))
+    def go_to_line(self, number: int) -> Row | None:
+        """The page holding row ``number`` (the "#" column: the row's number in the run), or the first row after it
+        that the filters keep; that row becomes ``target_line``. Returns it (None, and the page as it was, when no
+        row at or after it passes the filters)."""
+        index = bisect.bisect_left(self._numbers, int(number))
         if index >= len(self.rows):
             self.target_line = None
             return None
         self._page = index // self._page_size + 1
-        self.target_line = self.rows[index].line
+        self.target_line = self.rows[index].number
         return self.rows[index]
+
+    def row(self, number: int) -> Row | None:
+        """The row numbered ``number`` (the "#" column), whatever the filters; None when the run has no such row.
+        ``event(row.line)`` is its whole record."""
+        index = bisect.bisect_left(self.all_rows, int(number), key=lambda row: row[_NUMBER])
+        found = self.all_rows[index] if index < len(self.all_rows) else None
+        return found if found is not None and found.number == number else None
 
     # ---- the run
 
@@ -313,16 +341,35 @@ def _selected(values: tuple) -> set | None:
     return None if not values or ALL in values else set(values)
 
 
-def levelno(level: Any) -> int:
-    """A level filter from a name ("WARNING", "all") or a number."""
-    if isinstance(level, int):
+def levelno(level: Any) -> int | str:
+    """A level filter from a name ("WARNING", "all", "errors and warnings") or a number."""
+    if isinstance(level, int) and not isinstance(level, bool):
         return level
-    number = logging.getLevelName(str(level).upper())
-    if str(level).lower() in ("all", "all levels"):
+    name = str(level).strip().lower()
+    if name in ("all", "all levels", "every row"):
         return 0
+    if name == ERRORS_AND_WARNINGS:
+        return ERRORS_AND_WARNINGS
+    number = logging.getLevelName(name.upper())
     if not isinstance(number, int):
-        raise ValueError(f"level={level!r}: expected DEBUG, INFO, WARNING, ERROR, CRITICAL or a number")
+        raise ValueError(f"level={level!r}: expected DEBUG, INFO, WARNING, ERROR, CRITICAL, a number, "
+                         f"{ERRORS_AND_WARNINGS!r} or 'all'")
     return number
+
+
+def is_error_or_warning(row: Row) -> bool:
+    """What the "errors and warnings" level keeps: log records at WARNING and above; failures (their traceback is
+    the row's detail), shape mismatches, out-of-memory retries, hang notices and restarts; a rank's exit other than
+    0 that the launcher did not ask for; and stderr lines that read as an error or a warning (a traceback's first
+    and last lines, a Python warning, a C++ log's W/E/F line). Output on stdout is not looked at."""
+    kind = row[_KIND]
+    if kind == LOG:
+        return row[_LEVELNO] >= logging.WARNING
+    if kind == "stderr":
+        return _ERROR_LIKE.search(row[_TEXT]) is not None
+    if kind == EXIT:
+        return row[_TEXT] != "exit code 0" and not row[_TEXT].endswith("(stopped by the launcher)")
+    return kind in _ALWAYS_SHOWN_KINDS
 
 
 def elapsed(seconds: float) -> str:
