@@ -19,6 +19,7 @@ MAX_STACK = 4000  # one rank's stack in a hang notice (the run log keeps all of 
 MAX_STACKS = 16  # ranks whose stack the notice carries (the diverged rank first, then the lowest)
 MAX_HANG_RANKS = 256  # ranks a notice lists, each in one line of at most MAX_HANG_LINE characters
 MAX_HANG_LINE = 400
+MAX_VERDICT = 1000  # a failure card's title
 _STACKS_HEADER = re.compile(r"^(?P<indent> *)Python stacks of rank -?\d+:$")
 
 
@@ -42,6 +43,8 @@ def failure_card(failure: dict) -> dict:
     the verdict, the traceback and the stacks (they are in their own fields)."""
     message = str(failure.get("message") or "")
     verdict, _, rest = message.partition("\n\n")
+    if len(verdict) > MAX_VERDICT:  # not a verdict but a long message: all of it stays in the message
+        verdict, rest = verdict[:MAX_VERDICT] + "...", message
     traceback = str(failure.get("traceback") or "").rstrip()
     if traceback:
         rest = rest.replace(traceback, "")
