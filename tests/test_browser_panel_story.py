@@ -1,5 +1,6 @@
 """The panel tells a run's story as a user sees it, in a real JupyterLab (Debian's Chromium, Playwright) with
-real launches in a real kernel: a steady run, a failure, an out-of-memory retry, and a hang that timeout= stops.
+real launches in a real kernel: a steady run, a failure, an out-of-memory retry, a hang that timeout= stops; and a
+live hang notice (fed to the panel's state as the watchdog's event, as test_browser_hang.py does).
 
 The live hang card moves on by itself between updates (two samples 3 s apart differ) and is titled with its
 verdict; the retry is amber, with a divider where the new attempt starts. Screenshots of each panel go to
@@ -67,7 +68,23 @@ except RankFailedError:
 try:
     notebook_launcher(one_skips_the_all_reduce, num_processes=2, device="cpu", hang_warning=2, timeout=25)
 except LaunchTimeoutError:
-    print("timed out as expected")''']
+    print("timed out as expected")''', '''\
+from notebook_launcher.display.panel import PanelDisplay
+from notebook_launcher.display.state import RunState
+from notebook_launcher.schema.events import HANG_NOTICE, STATUS, Event
+
+state = RunState("20261201-110000-4242-abcdef", "/tmp/runs/x", "cpu", "gloo", "fork", 2, 2, [0, 1])
+panel = PanelDisplay(state)
+t0 = state._started
+for rank in (0, 1):
+    panel.show(Event(rank, 1, t0, STATUS, {"state": "running"}))
+panel.show(Event(-1, 1, time.monotonic(), HANG_NOTICE, {  # noticed now, on the run's clock
+    "state": "open", "quiet_s": 5.0, "diverged": None, "timeout": 30, "timeout_in": 23.0,
+    "verdict": "ranks wait in different collectives: rank 0 in all_reduce #6, rank 1 in barrier #6.",
+    "ranks": {"0": {"state": "waiting", "text": "waiting 5 s in all_reduce #6 at cell In[4], line 8", "waited": 5.0},
+              "1": {"state": "waiting", "text": "waiting 4 s in barrier #6 at cell In[4], line 10", "waited": 4.0}},
+    "stacks": {}, "text": "possible hang: no rank has made progress for 5 s"}))
+panel.publish()''']
 
 
 def _shot(page, index: int, name: str) -> None:
@@ -77,30 +94,18 @@ def _shot(page, index: int, name: str) -> None:
     panel.screenshot(path=os.path.join(OUTPUT_DIR, name))
 
 
-def test_the_panel_tells_a_steady_run_a_failure_a_retry_and_a_live_hang_each_once(lab):  # noqa: F811
+def test_the_panel_tells_a_steady_run_a_failure_a_retry_and_a_live_hang_each_once(lab, tmp_path):  # noqa: F811
     from browser import open_notebook
 
     root, url, browser = lab
+    tracker = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"  # (the fixture's settings folder)
+    tracker.mkdir(parents=True, exist_ok=True)
+    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')  # every cell's output in the page
     notebook = new_notebook(cells=[new_code_cell(code) for code in CELLS], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     nbformat.write(notebook, str(root / "story.ipynb"))
     page = open_notebook(browser, url, "story.ipynb")
     page.evaluate("async () => { await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-
-    # the hang, live: the verdict is the title, and the card moves on between updates by the panel's clock
-    live = page.locator('.nl-run .nl-hang[data-live="true"]')
-    live.wait_for(timeout=120_000)
-    title = live.locator(".nl-hang-verdict").inner_text()
-    assert title.startswith("Rank 1 diverged: the other ranks wait in all_reduce #1"), title
-    when, countdown = live.locator(".nl-hang-when"), live.locator(".nl-hang-timeout")
-    first = (when.inner_text(), countdown.inner_text())
-    time.sleep(3)
-    second = (when.inner_text(), countdown.inner_text())
-    quiet = [int(re.search(r"(\d+) s without progress", text)[1]) for text, _ in (first, second)]
-    left = [int(re.search(r"will stop it in (\d+) s", text)[1]) for _, text in (first, second)]
-    assert quiet[1] > quiet[0] and left[1] < left[0], (first, second)
-    assert "timeout=25 s will stop it in" in second[1] and "press stop" in second[1]
-    _shot(page, 3, "panel-hang.png")
 
     page.wait_for_selector("text=timed out as expected", timeout=60_000)
     page.wait_for_selector('.nl-run[data-status="timed out"]', timeout=30_000)
@@ -133,3 +138,19 @@ def test_the_panel_tells_a_steady_run_a_failure_a_retry_and_a_live_hang_each_onc
     assert "failed" not in retried.locator(".nl-ranks").inner_text()
     assert retried.locator(".nl-oom-ranks").inner_text() == "out of memory on rank 1"
     _shot(page, 2, "panel-oom-retry.png")
+
+    # a live hang notice, as the watchdog's event makes it (the same state and display a launch uses): the verdict
+    # is the title, and the card moves on between updates by the panel's own clock
+    live = page.locator('.nl-run .nl-hang[data-live="true"]')
+    live.wait_for(timeout=60_000)
+    title = live.locator(".nl-hang-verdict").inner_text()
+    assert title == "Ranks wait in different collectives: rank 0 in all_reduce #6, rank 1 in barrier #6", title
+    when, countdown = live.locator(".nl-hang-when"), live.locator(".nl-hang-timeout")
+    first = (when.inner_text(), countdown.inner_text())
+    time.sleep(3)
+    second = (when.inner_text(), countdown.inner_text())
+    quiet = [int(re.search(r"(\d+) s without progress", text)[1]) for text, _ in (first, second)]
+    left = [int(re.search(r"will stop it in (\d+) s", text)[1]) for _, text in (first, second)]
+    assert quiet[1] > quiet[0] and left[1] < left[0], (first, second)
+    assert "timeout=30 s will stop it in" in second[1] and "press stop" in second[1]
+    _shot(page, 4, "panel-hang.png")
