@@ -104,3 +104,27 @@ def test_an_out_of_memory_retry_is_a_retry_in_the_columns_with_a_divider_per_att
     for column in (first, second):
         assert [line["text"] for line in column["lines"] if line["kind"] == "attempt"] == [
             "attempt 2 at batch size 32"]
+
+
+def test_the_error_below_the_panel_names_cells_as_ipython_does_without_ipythons_own_frames():
+    """A real kernel: the error output of a failed launch (``_render_traceback_``) names the cell the rank's
+    function came from ``cell In[1], line N``, never ``/tmp/ipykernel_...``, and leaves out IPython's frames."""
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    cells = ['''\
+import torch.distributed as dist
+from notebook_launcher import notebook_launcher
+
+def fails():
+    if dist.get_rank() == 1:
+        raise ValueError("bad value on rank 1")
+''', 'notebook_launcher(fails, num_processes=2, device="cpu", timeout=60)']
+    notebook = new_notebook(cells=[new_code_cell(code) for code in cells], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    NotebookClient(notebook, timeout=120, allow_errors=True).execute()  # (it stops its kernel when done)
+    (error,) = [out for out in notebook.cells[1].outputs if out.output_type == "error"]
+    shown = "\n".join(error.traceback)
+    assert error.ename == "RankFailedError" and "bad value on rank 1" in shown
+    assert "cell In[1], line 6, in fails" in shown and "cell In[2], line 1" in shown
+    assert "/tmp/ipykernel_" not in shown and "interactiveshell.py" not in shown and "run_code" not in shown
