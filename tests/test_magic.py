@@ -104,13 +104,13 @@ def test_debug_mismatch_shows_the_exception_with_the_cells_line(executed):
     assert "DistributedOperationException: Cannot apply desired operation due to shape mismatches" in out
     assert "Operation: `notebook_launcher.ops.broadcast`" in out
     assert "  - Process 1: [1, 2, 5]" in out
-    assert '<accelerate cell In[9]>", line 5, in <module>' in out  # the ops.broadcast line, as numbered in the cell
+    assert "cell In[9], line 5, in <module>" in out  # the ops.broadcast line, as numbered in the cell
 
 
 def test_a_failing_rank_is_reported_with_the_cells_line_number(executed):
     out = text(executed["failure"])
     assert "Rank 1 failed first: ValueError: rank 1 broke" in out
-    assert '<accelerate cell In[10]>", line 5, in <module>' in out
+    assert "cell In[10], line 5, in <module>" in out
     assert "raise ValueError('rank 1 broke')" in out
     assert "notebook_launcher/magic.py" not in out.split("Other ranks:")[0].split("Rank 1 failed first")[1]
 

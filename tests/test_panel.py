@@ -215,7 +215,9 @@ def test_a_failed_run_shows_the_root_cause_traceback_first():
     assert state["status"] == "failed" and failure["kind"] == "failure"
     assert failure["rank"] == 1 and failure["type"] == "ValueError"
     assert "raise ValueError(\"bad value on rank 1\")" in failure["traceback"]
-    assert failure["message"] == str(caught.value)
+    assert failure["verdict"] == "Rank 1 failed first: ValueError: bad value on rank 1"  # the card's title
+    assert failure["traceback"] not in failure["message"]  # told once: the message keeps the other ranks
+    assert failure["message"] in str(caught.value) and "rank 0:" in failure["message"]
     assert [column["status"] for column in state["ranks"]] == ["stopped", "failed"]
     plain = render_text(state).splitlines()
     assert plain[0] == "Failed: rank 1 raised ValueError: bad value on rank 1" and plain[2].startswith("Traceback")

@@ -5,7 +5,7 @@
  * One row per rank: a bar of computing against waiting for the others in collectives (over the steps every rank
  * has when the kernel used them, else over the whole function), the share waited, the median step time, and the
  * peak memory, as a bar against the GPU's memory when the rank has one. The straggler's row is marked, and so is
- * the kernel's summary line (the same text the plain display prints at the end).
+ * the kernel's summary line (the same text the plain display prints at the end). A legend says what each colour is.
  */
 
 import { h, setData } from './dom';
@@ -69,6 +69,24 @@ function renderRow(rank: string, figures: IBalanceRank, straggler: boolean): HTM
   return row;
 }
 
+/** What the bars' colours mean. */
+function renderLegend(memory: boolean): HTMLElement {
+  const legend = h('div', 'nl-balance-legend');
+  const entries: [string, string][] = [
+    ['nl-balance-key-compute', 'computing'],
+    ['nl-balance-key-wait', 'waiting for the other ranks in collectives']
+  ];
+  if (memory) {
+    entries.push(['nl-balance-key-memory', 'peak memory of the GPU']);
+  }
+  for (const [className, text] of entries) {
+    const entry = h('span', 'nl-balance-key');
+    entry.append(h('span', `nl-balance-swatch ${className}`), h('span', '', text));
+    legend.appendChild(entry);
+  }
+  return legend;
+}
+
 /** The section's children, or null when no rank has sent its figures yet. */
 export function renderBalance(balance: IBalance | null | undefined): Node[] | null {
   const ranks = Object.entries(balance?.ranks || {}).sort(([a], [b]) => Number(a) - Number(b));
@@ -77,7 +95,7 @@ export function renderBalance(balance: IBalance | null | undefined): Node[] | nu
   }
   const title = h('div', 'nl-balance-title', 'Balance');
   title.appendChild(h('span', 'nl-balance-note', balance.final ? ' (final)' : ' (live)'));
-  const nodes: Node[] = [title];
+  const nodes: Node[] = [title, renderLegend(ranks.some(([, figures]) => typeof figures?.device_memory === 'number'))];
   const straggler = balance.straggler === null || balance.straggler === undefined ? null : String(balance.straggler);
   for (const [rank, figures] of ranks) {
     nodes.push(renderRow(rank, figures || {}, rank === straggler));

@@ -70,7 +70,8 @@ export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [st
       apply();
     }
   };
-  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code, straggler]), () => {
+  const counts = levelCounts(rank.lines || []);
+  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code, straggler, counts]), () => {
     const name = h('span', 'nl-rank-name', `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}`);
     const meta = h('span', 'nl-rank-meta', [
       rank.pid ? `pid ${rank.pid}` : '',
@@ -79,6 +80,9 @@ export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [st
     view.head.replaceChildren(name, badge(rank.status, 'nl-rank-status'), meta);
     if (straggler) {
       view.head.appendChild(h('span', 'nl-badge nl-rank-straggler', 'straggler'));
+    }
+    for (const [level, count] of counts) {
+      view.head.appendChild(countBadge(view, level, count));
     }
   });
   patch('progress', JSON.stringify(rank.progress ?? null), () => renderProgress(view.progress, rank));
@@ -99,6 +103,47 @@ export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [st
         : '';
   });
   updateLines(view, rank.lines || []);
+}
+
+/** A line's level as its badge counts it: WARNING, ERROR (CRITICAL with it), or null. */
+function countedLevel(line: ILine): string | null {
+  const level = line.kind === 'log' ? (line.level || '').toUpperCase() : '';
+  return level === 'WARNING' ? 'WARNING' : level === 'ERROR' || level === 'CRITICAL' ? 'ERROR' : null;
+}
+
+/** [[level, count]] of the rank's WARNING and ERROR log lines (those the column holds). */
+export function levelCounts(lines: ILine[]): [string, number][] {
+  const counts = new Map<string, number>();
+  for (const line of lines) {
+    const level = countedLevel(line);
+    if (level) {
+      counts.set(level, (counts.get(level) || 0) + 1);
+    }
+  }
+  return (['WARNING', 'ERROR'] as const).filter(level => counts.has(level)).map(level => [level, counts.get(level)!]);
+}
+
+/** "2 warnings": a click scrolls the column to the next such line (and stops following new lines). */
+function countBadge(view: IRankView, level: string, count: number): HTMLElement {
+  const word = level === 'WARNING' ? 'warning' : 'error';
+  const button = h('button', 'nl-badge nl-rank-count', `${count} ${word}${count === 1 ? '' : 's'}`);
+  button.type = 'button';
+  button.dataset.level = level;
+  button.title = `show the next ${word} line of this rank`;
+  let next = 0;
+  button.addEventListener('click', () => {
+    const found = [...view.lines.querySelectorAll<HTMLElement>(`.nl-line[data-counted='${level}']`)];
+    if (!found.length) {
+      return;
+    }
+    const line = found[next % found.length];
+    next += 1;
+    view.pinned = false;
+    view.lines.scrollTop = line.offsetTop - view.lines.offsetTop - 8;
+    view.lines.querySelectorAll('.nl-found').forEach(node => node.classList.remove('nl-found'));
+    line.classList.add('nl-found');
+  });
+  return button;
 }
 
 function renderProgress(node: HTMLElement, rank: IRank): void {
@@ -150,11 +195,19 @@ function updateLines(view: IRankView, lines: ILine[]): void {
   }
 }
 
-/** `div.nl-line[data-kind][data-level]`: level and logger name first for log records. */
+/**
+ * `div.nl-line[data-kind][data-level]`: level and logger name first for log records; `retry` (an out-of-memory
+ * retry, amber) and `attempt` (the divider where a new attempt starts) are the kernel's own lines.
+ */
 function renderLine(line: ILine): HTMLElement {
   const kind = line.kind || 'stdout';
   const node = h('div', 'nl-line');
-  setData(node, { n: line.n, kind, level: kind === 'log' ? (line.level || 'INFO').toUpperCase() : null });
+  setData(node, {
+    n: line.n,
+    kind,
+    level: kind === 'log' ? (line.level || 'INFO').toUpperCase() : null,
+    counted: countedLevel(line)
+  });
   if (typeof line.t === 'number') {
     node.title = `${formatNumber(line.t)} s after the start`;
   }

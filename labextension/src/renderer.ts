@@ -95,6 +95,7 @@ export class RunView {
         return;
       }
       field.textContent = formatElapsed(base + since);
+      this.hang.tick(base + since);
     }, 1000);
   }
 
@@ -113,7 +114,7 @@ export class RunView {
     const failure = run.failure || null;
     this.section(this.failure, 'failure', JSON.stringify(failure), () => renderFailure(failure));
     setData(this.failure, { kind: failure?.kind, rank: failure?.rank });
-    const hang = this.hang.update(run.hang, run.hangs);
+    const hang = this.hang.update(run.hang, run.hangs, run.elapsed);
     const mismatches = run.shape_mismatches || [];
     const retried = (run.attempt || 1) > 1;
     this.section(this.mismatches, 'mismatches', JSON.stringify([mismatches, retried]), () =>
@@ -368,7 +369,7 @@ function renderHeader(run: IRun): Node[] {
     ['backend', run.backend ?? null],
     ['start-method', run.start_method ? `start method ${run.start_method}` : null],
     ['elapsed', formatElapsed(run.elapsed) || null],
-    ['attempt', typeof run.attempt === 'number' ? `attempt ${run.attempt}` : null],
+    ['attempt', typeof run.attempt === 'number' && run.attempt > 1 ? `attempt ${run.attempt}` : null],
     ['batch-size', typeof run.batch_size === 'number' ? `batch size ${run.batch_size}` : null],
     ['result', run.result?.type ? `returned ${run.result.type}` : null]
   ];
@@ -394,6 +395,10 @@ function renderHeader(run: IRun): Node[] {
 }
 
 function failureTitle(failure: IFailure): string {
+  const verdict = (failure.verdict || '').split('\n').map(line => line.trim()).filter(Boolean).join(' ');
+  if (verdict) {
+    return verdict;
+  }
   switch (failure.kind) {
     case 'hang':
       return 'Hung: the ranks stopped making progress (each rank’s stack is below)';
@@ -408,7 +413,7 @@ function failureTitle(failure: IFailure): string {
   }
 }
 
-/** Root-cause traceback first, then the full message, then per-rank stacks of a hang. */
+/** Its verdict as the title, the root cause's traceback, the rest of the error, each rank's stack: each once. */
 function renderFailure(failure: IFailure | null): Node[] | null {
   if (!failure) {
     return null;
@@ -418,13 +423,13 @@ function renderFailure(failure: IFailure | null): Node[] | null {
     out.push(h('pre', 'nl-traceback', failure.traceback));
   }
   if (failure.message) {
-    out.push(h('div', 'nl-label', 'Full message'), h('pre', 'nl-failure-message', failure.message));
+    out.push(h('pre', 'nl-failure-message', failure.message));
   }
   const stacks = Object.entries(failure.stacks || {}).sort(([a], [b]) => Number(a) - Number(b));
   for (const [rank, stack] of stacks) {
     const box = h('div', 'nl-stack');
     box.dataset.rank = rank;
-    box.append(h('div', 'nl-label', `rank ${rank}`), h('pre', 'nl-stack-text', stack));
+    box.append(h('div', 'nl-label', `rank ${rank}'s Python stack`), h('pre', 'nl-stack-text', stack));
     out.push(box);
   }
   return out;
@@ -468,19 +473,24 @@ function renderMismatch(mismatch: IShapeMismatch, retried: boolean): HTMLElement
   return card;
 }
 
+/** "rank 1", "ranks 0, 1". */
+function ranksText(ranks: number[] | undefined): string {
+  const list = ranks || [];
+  return `${list.length === 1 ? 'rank' : 'ranks'} ${list.join(', ')}`;
+}
+
+/** Out-of-memory retries, amber: each a step down in batch size that every rank retried at, with its error. */
 function renderOom(retries: IOomRetry[]): Node[] {
-  const out: Node[] = [h('div', 'nl-section-title', 'Out of memory: batch size steps')];
+  const out: Node[] = [h('div', 'nl-section-title', 'Out of memory: retried at a smaller batch size')];
   for (const retry of retries) {
     const row = h('div', 'nl-oom-row');
     setData(row, { batchSize: retry.batch_size, newBatchSize: retry.new_batch_size });
     row.append(
       h('span', 'nl-time', formatElapsed(retry.t)),
-      h('span', 'nl-oom-sizes', `batch size ${retry.batch_size ?? '?'} → ${retry.new_batch_size ?? '?'}`),
-      h('span', 'nl-oom-ranks', `ranks ${(retry.ranks || []).join(', ')}`)
+      h('span', 'nl-oom-sizes', `batch size ${retry.batch_size ?? '?'} → retried at batch size ${retry.new_batch_size ?? '?'}`),
+      h('span', 'nl-oom-ranks', `out of memory on ${ranksText(retry.ranks)}`),
+      h('span', 'nl-oom-error', retry.error || '')
     );
-    const error = h('span', 'nl-oom-error', retry.error || '');
-    error.title = retry.error || '';
-    row.appendChild(error);
     out.push(row);
   }
   return out;

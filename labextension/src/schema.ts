@@ -33,7 +33,8 @@ export type FailureKind = 'failure' | 'hang' | 'timeout' | 'interrupted';
 export type HangRankState = 'waiting' | 'in_ddp' | 'busy' | 'finished' | 'exited';
 
 /** A line's `kind`. */
-export type LineKind = 'stdout' | 'stderr' | 'log';
+/** `retry`: an out-of-memory retry on this rank; `attempt`: the divider where a new attempt starts. */
+export type LineKind = 'stdout' | 'stderr' | 'log' | 'retry' | 'attempt';
 
 export interface ILine {
   n: number;
@@ -148,6 +149,8 @@ export interface ITrigger {
 
 export interface IFailure {
   kind?: FailureKind;
+  /** The error's first paragraph: the card's title ("Rank 1 failed first: ValueError: ..."). */
+  verdict?: string | null;
   rank?: number | null;
   type?: string | null;
   traceback?: string | null;
@@ -159,6 +162,8 @@ export interface IFailure {
 export interface IHangRank {
   state?: HangRankState;
   text?: string;
+  /** While waiting in a collective: since when (the run's elapsed seconds), so the panel counts on. */
+  since_t?: number | null;
 }
 
 /** A possible hang the kernel's watchdog noticed: live until progress resumes. */
@@ -171,6 +176,14 @@ export interface IHang {
   stacks?: Record<string, string>;
   stacks_dropped?: number;
   text?: string;
+  /** Which ranks wait where (and which diverged), as one sentence; null when the notice has none. */
+  verdict?: string | null;
+  /** When the notice came and since when no rank made progress (the run's elapsed seconds). */
+  notice_t?: number | null;
+  quiet_since_t?: number | null;
+  /** `timeout=` in seconds (null: none), and when it will stop the run (the run's elapsed seconds). */
+  timeout?: number | null;
+  timeout_t?: number | null;
   cleared_after?: number | null;
   cleared_t?: number | null;
   cleared_text?: string | null;

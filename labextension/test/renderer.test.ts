@@ -128,8 +128,9 @@ describe('RunView', () => {
     const rows = view.node.querySelectorAll<HTMLElement>('.nl-oom-row');
     expect(rows).toHaveLength(2);
     expect([rows[0].dataset.batchSize, rows[0].dataset.newBatchSize]).toEqual(['64', '32']);
-    expect(rows[0].querySelector('.nl-oom-sizes')?.textContent).toBe('batch size 64 → 32');
-    expect(rows[1].querySelector('.nl-oom-ranks')?.textContent).toBe('ranks 0, 1');
+    expect(rows[0].querySelector('.nl-oom-sizes')?.textContent).toBe('batch size 64 → retried at batch size 32');
+    expect(rows[1].querySelector('.nl-oom-ranks')?.textContent).toBe('out of memory on ranks 0, 1');
+    expect(view.node.querySelectorAll('.nl-oom-ranks')[0].textContent).toBe('out of memory on rank 1');
     expect(rows[0].querySelector('.nl-oom-error')?.textContent).toBe('CUDA out of memory. Tried 2 GiB');
     const trigger = view.node.querySelector<HTMLElement>('.nl-trigger')!;
     expect(trigger.dataset.rank).toBe('1');

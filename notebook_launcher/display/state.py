@@ -44,6 +44,7 @@ from ..schema.events import (
 from ..schema.lines import LogRecords, StreamLines
 from ..schema.status import RankStatus, RunStatus
 from .describe import describe
+from .final import failure_card, hang_card, number
 from .rank_state import LINES_PER_RANK, MAX_TEXT, RankState
 from .summary import LevelCounts, rank_row, run_summary
 
@@ -51,10 +52,6 @@ MIME_TYPE = "application/vnd.notebook-launcher.run.v1+json"
 MAX_CARDS = 20  # shape mismatches, OOM retries and triggers kept for the panel
 MAX_NOTES = 50  # the launcher's own lines (hosts' stderr lines among them) kept for the panel
 MAX_HANGS = 10  # earlier hang notices kept for the panel
-MAX_STACK = 4000  # one rank's stack in a hang notice (the run log keeps all of it)
-MAX_STACKS = 16  # ranks whose stack the notice carries (the diverged rank first, then the lowest)
-MAX_HANG_RANKS = 256  # ranks a notice lists, each in one line of at most MAX_HANG_LINE characters
-MAX_HANG_LINE = 400
 BALANCE_EVERY_S = 5.0
 # a hang notice's rank state -> the status badge it shows while the notice is live
 HANG_BADGES = {"waiting": RankStatus.WAITING, "busy": RankStatus.BUSY, "in_ddp": RankStatus.IN_DDP}
@@ -93,6 +90,7 @@ class RunState:
         self.balance: dict | None = None  # Balance.to_json(), rounded
         self._balance_book = BalanceBook()
         self._balance_due = 0.0
+        self._balance_pending = False  # figures came that the balance does not show yet
         self._line_count = 0
         self._text_escaped = False  # the note of TEXT_ESCAPED is made (once per run)
         self._levels = LevelCounts()  # each rank's warnings and errors, for the summary
@@ -186,8 +184,8 @@ class RunState:
         is_bar = "|" in text and self._tqdm_progress(event, text)
         if event.data.get("redraw") or event.data.get("stack_dump"):
             return  # a line being redrawn (its final state arrives as a line), or stacks the notice shows
-        if not is_bar or text.strip():
-            self._add_line(event, event.data.get("stream", "stdout"), text)
+        if not is_bar or text.strip():  # a bar's final state is a line, not an error: never "stderr"
+            self._add_line(event, "stdout" if is_bar else event.data.get("stream", "stdout"), text)
 
     def _tqdm_progress(self, event: Event, text: str) -> bool:
         match = _TQDM.search(text[-_TQDM_TAIL:])
@@ -238,6 +236,11 @@ class RunState:
     def _on_failure(self, event: Event) -> None:
         rank = self._rank(event)
         rank.status = RankStatus.FAILED
+        retry = event.data.get("oom_retry")
+        if isinstance(retry, dict):  # out of memory in find_executable_batch_size: a retry, not a failure
+            self._add_line(event, "retry", f"out of memory at batch size {retry.get('batch_size')}: retried at "
+                                           f"batch size {retry.get('new_batch_size')}")
+            return
         for line in describe(FAILURE, event.data).said:
             self._add_line(event, "stderr", line)
 
@@ -295,20 +298,28 @@ class RunState:
         if event.data.get("reason") != "out of memory":  # (the out-of-memory card says it already)
             self.note(str(event.data.get("text", "")))
         self._end_hang()
+        size = event.data.get("batch_size")
+        divider = f"attempt {self.attempt}" + (f" at batch size {size}" if size is not None else "")
         for rank in self.ranks.values():
             rank.status, rank.exit_code, rank._last_step = RankStatus.STARTING, None, None
+            self._line_count += 1
+            rank.lines_total += 1
+            rank.lines.append({"n": self._line_count, "t": self._t(event), "kind": "attempt", "text": divider})
         self._balance_book.clear()
         self.balance = None
 
     def _on_balance(self, event: Event) -> None:
+        """Made when the state is next read (``to_json``): at once for a rank the balance does not name yet and
+        when every rank's figures are final, else at most every BALANCE_EVERY_S."""
         if self._balance_book.observe(event.rank, event.data):
-            now = time.monotonic()
+            self._balance_pending = True
             every_rank_final = len(self._balance_book.ranks) >= len(self.ranks) and self._balance_book.all_final()
-            if now >= self._balance_due or every_rank_final:  # (finish() makes it too)
-                self._refresh_balance(now)
+            if every_rank_final or str(event.rank) not in ((self.balance or {}).get("ranks") or {}):
+                self._balance_due = 0.0
 
     def _refresh_balance(self, now: float) -> None:
         self._balance_due = now + BALANCE_EVERY_S
+        self._balance_pending = False
         if self._balance_book.ranks:
             self.balance = _rounded(self._balance_book.balance().to_json())
 
@@ -319,7 +330,7 @@ class RunState:
         if data.get("state") == "cleared":
             if self.hang is not None and self.hang["live"]:
                 self._end_hang()
-                self.hang["cleared_after"] = _number(data.get("quiet_s"))
+                self.hang["cleared_after"] = number(data.get("quiet_s"))
                 self.hang["cleared_t"] = self._t(event)
                 self.hang["cleared_text"] = str(data.get("text", ""))[:MAX_TEXT]
             return
@@ -330,20 +341,9 @@ class RunState:
             if self.hang["live"]:
                 self._end_hang()
             else:
-                earlier = {**self.hang, "stacks": {}, "stacks_dropped": len(self.hang["stacks"])}
-                self.hangs.append(earlier)
-                del self.hangs[:-MAX_HANGS]
-        ranks = {}
-        for key, place in list((data.get("ranks") or {}).items())[:MAX_HANG_RANKS]:
-            place = place if isinstance(place, dict) else {}
-            ranks[str(key)] = {"state": str(place.get("state", ""))[:16],
-                               "text": str(place.get("text", ""))[:MAX_HANG_LINE]}
-        diverged = data.get("diverged")
-        diverged = diverged if isinstance(diverged, int) and not isinstance(diverged, bool) else None
-        self.hang = {"live": True, "t": started, "quiet_s": _number(data.get("quiet_s")), "ranks": ranks,
-                     "diverged": diverged, "stacks": _bounded_stacks(data.get("stacks") or {}, diverged),
-                     "text": str(data.get("text", ""))[:MAX_TEXT * 4],
-                     "cleared_after": None, "cleared_t": None, "cleared_text": None}
+                self._keep_earlier()
+        self.hang = hang_card(data, started, self._t(event))
+        ranks = self.hang["ranks"]
         for key, place in ranks.items():
             badge = HANG_BADGES.get(place["state"])
             rank = self.ranks.get(int(key)) if key.lstrip("-").isdigit() else None
@@ -351,12 +351,18 @@ class RunState:
                 rank.status = badge
                 self._hang_marked.add(rank.rank)
 
+    def _keep_earlier(self) -> None:
+        """The newest notice, over, goes to the earlier ones (without its stacks: the run log has them)."""
+        self.hangs.append({**self.hang, "live": False, "stacks": {}, "stacks_dropped": len(self.hang["stacks"])})
+        del self.hangs[:-MAX_HANGS]
+        self.hang = None
+
     def _end_hang(self) -> None:
         """The live notice is over (cleared, a restart, the end of the run): badges back to "running"."""
         if self.hang is not None:
             self.hang["live"] = False
-        for number in self._hang_marked:
-            rank = self.ranks.get(number)
+        for marked in self._hang_marked:
+            rank = self.ranks.get(marked)
             if rank is not None and rank.status in HANG_BADGES.values():
                 rank.status = RankStatus.RUNNING
         self._hang_marked.clear()
@@ -374,9 +380,11 @@ class RunState:
         self.status = status
         self._ended = time.monotonic()
         self._refresh_balance(self._ended)
-        self.failure = failure
+        self.failure = failure_card(failure) if failure is not None else None
         self.result = {"type": result_type} if result_type is not None else None
         self._end_hang()
+        if self.hang is not None and self.failure and self.failure.get("kind") in ("hang", "timeout"):
+            self._keep_earlier()  # the failure tells where every rank was, with their stacks
         for rank in stuck_ranks:
             if rank in self.ranks:
                 self.ranks[rank].status = RankStatus.STUCK
@@ -390,12 +398,14 @@ class RunState:
         return round((self._ended or time.monotonic()) - self._started, 3)
 
     def to_json(self) -> dict:
+        if self._balance_pending and time.monotonic() >= self._balance_due:
+            self._refresh_balance(time.monotonic())
         ranks = []
-        for number in sorted(self.ranks):
-            rank = self.ranks[number]
+        for rank_number in sorted(self.ranks):
+            rank = self.ranks[rank_number]
             payload = rank.to_json()
             # (an attribute too: delta.py sends a rank's row only when it changed, as its other fields)
-            rank.summary = payload["summary"] = rank_row(payload, self._levels.of(number))
+            rank.summary = payload["summary"] = rank_row(payload, self._levels.of(rank_number))
             ranks.append(payload)
         state = {"version": 1, **self.header, "status": self.status, "started_at": self.started_at,
                  "elapsed": self.elapsed(), "attempt": self.attempt, "notes": list(self.notes), "ranks": ranks,
@@ -414,23 +424,6 @@ def _rounded(value):
     if isinstance(value, dict):
         return {key: _rounded(item) for key, item in value.items()}
     return value
-
-
-def _number(value) -> float | None:
-    return round(float(value), 3) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _bounded_stacks(stacks: dict, diverged: int | None) -> dict:
-    """At most MAX_STACKS ranks' stacks (the diverged rank's first), each cut to MAX_STACK characters."""
-    texts = {str(key): str(text) for key, text in stacks.items()}
-    order = sorted(texts, key=lambda key: (key != str(diverged), len(key), key))[:MAX_STACKS]
-    out = {}
-    for key in sorted(order, key=lambda key: (len(key), key)):
-        text = texts[key]
-        if len(text) > MAX_STACK:
-            text = f"{text[:MAX_STACK]}\n... ({len(text) - MAX_STACK} more characters in the run log)"
-        out[key] = text
-    return out
 
 
 _HANDLERS = {

@@ -74,7 +74,9 @@ names the kind and the field. Fields a table does not name pass through unread (
              sent each as its backslash escape (``wire_text``, as a print's), and says so once per process (the
              panel's notes and the text display say it once per run)
 ``hang_notice`` data: ``{"state": "open", "quiet_s", "ranks": {rank: {"state": "waiting" | "in_ddp" | "busy" |
-             "finished" | "exited", "text"}}, "diverged": rank | None, "stacks": {rank: text}, "text"}`` or
+             "finished" | "exited", "text", "waited" (s, while waiting)}}, "diverged": rank | None, "stacks": {rank:
+             text}, "text", "verdict" (the line saying which ranks wait where, or ""), "timeout" (s or None),
+             "timeout_in" (s left until ``timeout`` stops the run, when it is set)}`` or
              ``{"state": "cleared", "quiet_s", "text"}`` (made by the kernel, rank -1): the stall watchdog saw no
              rank make progress for ``hang_warning`` seconds while one waits in a collective (``hangs.StallWatch``)
 """

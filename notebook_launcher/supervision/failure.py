@@ -13,9 +13,10 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..schema.cells import cell_names
 from ..schema.events import EXIT, FAILURE, STATUS, STREAM, TRUNCATED_EVENT, Event
 from ..schema.lines import StreamLines
-from .stacks import cell_names, innermost_user_frame, short_place, torch_place, user_stack
+from .stacks import innermost_user_frame, short_place, torch_place, user_stack
 
 _LOST_PEER = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -83,7 +84,7 @@ class FailureTracker:
             text = f"{event.data.get('type', '')}: {event.data.get('message', '')}"
             self._failures[rank] = RankFailure(
                 rank=rank, time=event.time, type=event.data.get("type", "Exception"),
-                message=event.data.get("message", ""), traceback=event.data.get("traceback", ""),
+                message=event.data.get("message", ""), traceback=cell_names(event.data.get("traceback", "")),
                 exit_code=event.data.get("exit_code"), secondary=bool(_LOST_PEER.search(text)),
                 oom_retry=event.data.get("oom_retry"))
         elif event.kind == EXIT:
@@ -187,7 +188,7 @@ def failure_message(cause: RankFailure, failures: dict[int, RankFailure], tracke
                 note = " (a consequence: it lost its connection to a failed rank)" if failure.secondary else ""
                 lines.append(f"  rank {rank}: {failure.headline.splitlines()[0][:300]}{note}")
     lines += ["", f"Run log: {run_dir}"]
-    return "\n".join(lines)
+    return cell_names("\n".join(lines))
 
 
 def hang_message(hang: dict[int, dict], tracker: FailureTracker, stack_dump_seq: dict[int, int],

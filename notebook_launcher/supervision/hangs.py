@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import time
 
+from ..schema.cells import cell_names
 from ..schema.events import PROGRESS, STATUS, STREAM
 from ..schema.lines import expand_lines
 from ..schema.progress_record import MEMBER_BITS, ProgressRecord, is_member, oldest_wait
 from .failure import async_wait, ranks_text
-from .stacks import cell_names, innermost_user_frame, short_place, torch_place, user_stack
+from .stacks import innermost_user_frame, short_place, torch_place, user_stack
 
 HANG_GRACE_S = 2.0  # how long ranks may wait in a collective after another rank has finished
 
@@ -232,7 +233,7 @@ def notice(records: dict[int, dict], states: dict[int, str], dumps: dict[int, li
                 f"(interrupt)." if timeout is not None else "The run goes on; stop it with the stop button "
                 "(interrupt), or pass timeout= to end such a run by itself.")
     return {"state": "open", "quiet_s": round(quiet, 1), "ranks": ranks, "diverged": diverged, "stacks": stacks,
-            "text": "\n".join(text)}
+            "text": "\n".join(text), "verdict": why, "timeout": timeout}
 
 
 def _rank_place(record: dict, state: str, lines: list[str], now: float, in_torch: str = "") -> dict:
@@ -247,7 +248,7 @@ def _rank_place(record: dict, state: str, lines: list[str], now: float, in_torch
     if record.get("inside"):
         waited = now - record.get("since", now)
         text = f"waiting {waited:.0f} s in {operation} #{record.get('sequence')}{async_wait(record)} at {site}"
-        return {"state": "waiting", "text": text}
+        return {"state": "waiting", "text": text, "waited": round(waited, 1)}
     where = innermost_user_frame(lines)
     if in_torch:
         return {"state": "in_ddp" if in_torch.startswith("DDP") else "waiting",

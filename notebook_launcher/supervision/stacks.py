@@ -4,16 +4,14 @@ Kernel side. A forked rank's stack holds, below the user's function, the frames 
 (the cell that called ``notebook_launcher``, IPython, the supervisor and starters) and, above it, this
 package's wrappers of the collectives. ``user_stack`` cuts every frame of notebook_launcher's own and
 everything below the user's function entry (``rank/reporting.call_and_report``), and says in one line how many
-it cut; the run log keeps the dump whole. ``cell_names`` writes a notebook cell's file
-(``/tmp/ipykernel_<pid>/<hash>.py``) the way IPython names it, ``cell In[5], line 19``, using the cell files this
-kernel's IPython compiled.
+it cut; the run log keeps the dump whole. ``cell_names`` (``schema/cells.py``) writes a notebook cell's file
+(``/tmp/ipykernel_<pid>/<hash>.py``) the way IPython names it, ``cell In[5], line 19``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 import sysconfig
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -137,37 +135,3 @@ def short_place(in_torch: str) -> str:
     """"DDP's forward (a collective of DDP's reducer)" -> "DDP's forward": the name alone, for one line."""
     return in_torch.split(" (", 1)[0]
 
-
-_CELL_REFERENCE = re.compile(r'File "(?P<quoted>[^"]+)", line (?P<line>\d+)|(?P<bare>[^\s"\'(]+\.py|'
-                             r'<accelerate cell In\[\d+\]>):(?P<at>\d+)')
-_MAGIC_CELL = re.compile(r"<accelerate cell In\[(\d+)\]>")  # a %%accelerate cell (magic.py names it so)
-
-
-def _cell_files() -> dict[str, int]:
-    """The cell files this kernel's IPython compiled (file name -> execution count); {} outside IPython."""
-    if "IPython" not in sys.modules:
-        return {}
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        return dict(getattr(getattr(shell, "compile", None), "_filename_map", None) or {})
-    except Exception:  # noqa: BLE001 - naming cells is a nicety; the paths stay as they are
-        return {}
-
-
-def cell_names(text: str) -> str:
-    """``File "/tmp/ipykernel_1/2.py", line 19`` and ``/tmp/ipykernel_1/2.py:19`` of a cell this kernel ran
-    (and a ``%%accelerate`` cell's ``<accelerate cell In[5]>``), written as IPython writes them:
-    ``cell In[5], line 19``. Outside IPython, or for other files, as they are."""
-    if not text or ("<accelerate cell" not in text and "IPython" not in sys.modules):
-        return text
-    cells = _cell_files()
-
-    def named(match: re.Match) -> str:
-        file, line = (match["quoted"], match["line"]) if match["quoted"] else (match["bare"], match["at"])
-        magic = _MAGIC_CELL.fullmatch(file)
-        number = magic[1] if magic else cells.get(file)
-        return match[0] if number is None else f"cell In[{number}], line {line}"
-
-    return _CELL_REFERENCE.sub(named, text)

@@ -193,7 +193,10 @@ class Supervisor:
         """No progress for ``hang_warning`` s while a rank waits in a collective: a ``hang_notice`` with every
         rank's place and stacks (the run goes on), and another when progress resumes (``hangs.StallWatch``)."""
         if self._stop_reason is None and self._workers:
-            data = self._stall.check(self._states(), time.monotonic(), self._dump_stacks)
+            now = time.monotonic()
+            data = self._stall.check(self._states(), now, self._dump_stacks)
+            if data is not None and data["state"] == "open" and self._moments.run_ends is not None:
+                data["timeout_in"] = round(self._moments.run_ends - now, 1)  # (the panel counts down to it)
             if data is not None:
                 self._deliver(Event(rank=-1, seq=0, time=time.monotonic(), kind=HANG_NOTICE, data=data))
 
