@@ -146,6 +146,17 @@ def screenshot(page, name: str, selector: str | None = None) -> str:
     return path
 
 
+DOCS_SCREENSHOTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "screenshots")
+
+
+def to_docs(path: str, name: str) -> None:
+    """Copy a screenshot the README shows into docs/screenshots/, only when asked
+    (``NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS=1``): a test run never changes the checkout's tracked files."""
+    if os.environ.get("NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS") == "1":
+        os.makedirs(DOCS_SCREENSHOTS, exist_ok=True)
+        shutil.copyfile(path, os.path.join(DOCS_SCREENSHOTS, name))
+
+
 def quiet_settings(settings_dir) -> str:
     """A user-settings folder where JupyterLab does not ask about news (its popup would cover the page)."""
     folder = os.path.join(str(settings_dir), "@jupyterlab", "apputils-extension")

@@ -2,24 +2,23 @@
 the extension disabled for this server only (its own JUPYTER_CONFIG_DIR, ``--level=user``), sampled while a run
 goes on; and ``jupyter nbconvert --to html`` of an executed notebook, opened in Chromium.
 
-Screenshots go to tests/output/, and the fallback's, small, to docs/screenshots/ (shown in the README)."""
+Screenshots go to tests/output/ (and, with NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS=1, the README's copies in
+docs/screenshots/)."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import nbformat
 import pytest
-from browser import OUTPUT_DIR, chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot
+from browser import OUTPUT_DIR, chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "screenshots")
 EXTENSION = "notebook-launcher-panel"
 FALLBACK = ".jp-OutputArea-output .nl-run-static"
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
@@ -91,10 +90,9 @@ def _write(path, cells) -> None:
 
 
 def _docs_copy(page, name: str) -> str:
-    """The fallback's screenshot, in tests/output/ and in docs/screenshots/."""
+    """The fallback's screenshot, in tests/output/ (and docs/screenshots/ when asked: ``to_docs``)."""
     path = screenshot(page, name, FALLBACK)
-    os.makedirs(DOCS, exist_ok=True)
-    shutil.copyfile(path, os.path.join(DOCS, name))
+    to_docs(path, name)
     return path
 
 
@@ -189,5 +187,4 @@ def test_nbconvert_html_keeps_the_monospace_font_and_the_verdict_card_first(tmp_
         page.screenshot(path=os.path.join(OUTPUT_DIR, "nbconvert-fallback.png"), full_page=True)
         for index, name in enumerate(("fallback-failure.png", "fallback-oom.png")):
             runs.nth(index).screenshot(path=os.path.join(OUTPUT_DIR, name))
-            os.makedirs(DOCS, exist_ok=True)
-            shutil.copyfile(os.path.join(OUTPUT_DIR, name), os.path.join(DOCS, name))
+            to_docs(os.path.join(OUTPUT_DIR, name), name)

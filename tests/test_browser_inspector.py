@@ -4,25 +4,22 @@ ipywidgets' state is not saved with a notebook: reopened, a widget's output is "
 found". The inspector is shown with a static summary of the run just before it; live, the panel is shown and the
 summary hidden; saved and reopened in a fresh server and browser, the summary is shown in place of that error.
 
-Screenshots: tests/output/inspector-live.png, tests/output/inspector-reopened.png (and docs/screenshots/).
+Screenshots: tests/output/inspector-live.png, tests/output/inspector-reopened.png (and docs/screenshots/ with NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS=1).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import nbformat
 import pytest
-from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot
+from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
 from test_browser import _notebook
 
 from notebook_launcher import get_logger, last_run, notebook_launcher
 
 pytestmark = pytest.mark.slow
 
-DOCS_SCREENSHOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "screenshots",
-                               "inspector-reopened.png")
 OUTPUTS = ".jp-Notebook .jp-CodeCell .jp-OutputArea"
 INSPECT_CELL = "from notebook_launcher import inspect_run\ninspect_run({run_id!r})"
 
@@ -93,5 +90,4 @@ def test_a_reopened_notebook_shows_the_saved_summary_instead_of_model_not_found(
         assert not _visible(page, widget_output)
         assert "model not found" not in page.locator(OUTPUTS).first.inner_text()
         path = screenshot(page, "inspector-reopened.png", f"{OUTPUTS}")
-    os.makedirs(os.path.dirname(DOCS_SCREENSHOT), exist_ok=True)
-    shutil.copyfile(path, DOCS_SCREENSHOT)
+    to_docs(path, "inspector-reopened.png")

@@ -124,7 +124,8 @@ def test_an_out_of_memory_retry_is_the_verdict_told_once_in_amber_not_as_a_failu
     plain, page = render_text(state), render_html(state)
     told = "out of memory on rank 1 at batch size 64: retried at 32 (OutOfMemoryError: CUDA out of memory."
     assert plain.count(told) == 1 and page.count(told) == 1
-    retry_line = re.search(r'<span style="color:([^"]+)">\[rank 1\] failed: OutOfMemoryRetry', page)
+    retry_line = re.search(r'<span style="color:([^"]+)">\[rank 1\] out of memory at batch size 64: retried at '
+                           r'batch size 32', page)
     assert retry_line and retry_line[1] == "#b06000"  # amber, as a retry
     assert "#d93025" not in page  # nothing red: nothing failed
 

@@ -67,8 +67,10 @@ def _line_text(line: dict) -> str:
 
 
 def _line_colour(line: dict) -> str | None:
-    if line["kind"] == "stderr" and "OutOfMemoryRetry" in line["text"]:
+    if line["kind"] == "retry" or (line["kind"] == "stderr" and "OutOfMemoryRetry" in line["text"]):
         return _AMBER  # a step down of find_executable_batch_size: a retry, not a failure
+    if line["kind"] == "attempt":
+        return _BLUE  # the divider a new attempt starts with
     return _LEVEL_COLOURS.get(line.get("level")) or (_RED if line["kind"] == "stderr" else None)
 
 

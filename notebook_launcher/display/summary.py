@@ -114,11 +114,12 @@ def verdict(state: dict) -> tuple[str, str, list[str]]:
     hang = state.get("hang") or {}
     if status == RunStatus.FAILED and failure.get("kind", "failure") == "failure":
         who = f"rank {failure['rank']}" if isinstance(failure.get("rank"), int) else "a rank"
-        said = _last_line(failure.get("traceback")) or _first_line(failure.get("message")) or failure.get("type") or ""
+        said = _last_line(failure.get("traceback")) or _first_line(failure.get("verdict")) \
+            or _first_line(failure.get("message")) or failure.get("type") or ""
         return "failed", f"Failed: {who} raised {said}".rstrip(), steps
     if status in (RunStatus.HUNG, RunStatus.TIMED_OUT):
         title = "Timed out" if status == RunStatus.TIMED_OUT else "Hung"
-        message = str(failure.get("message") or "")
+        message = "\n".join(str(failure.get(key) or "") for key in ("verdict", "message"))  # (final.failure_card)
         why = next((line.split(": ", 1)[1] for line in message.splitlines() if "stopped making progress: " in line),
                    "") or _where(hang) or "the ranks stopped making progress"
         places = [line for line in message.splitlines() if _RANK_LINE.match(line)] or _places(hang, 0.0)
@@ -130,7 +131,8 @@ def verdict(state: dict) -> tuple[str, str, list[str]]:
         since = max(0.0, (state.get("elapsed") or 0) - (hang.get("t") or 0))
         quiet = (hang.get("quiet_s") or 0) + since
         text = str(hang.get("text", "")).splitlines()
-        why = next((line.strip().rstrip(".") for line in text if line.startswith("ranks wait")), "") or _where(hang)
+        why = str(hang.get("verdict") or "").strip().rstrip(".") \
+            or next((line.strip().rstrip(".") for line in text if line.startswith("ranks wait")), "") or _where(hang)
         timeout = [line.strip() for line in text if "timeout=" in line]
         return "hang", f"Possible hang: {quiet:.0f} s without progress" + (f"; {why}" if why else ""), \
             [*_places(hang, since), *timeout]
