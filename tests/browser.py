@@ -149,12 +149,25 @@ def screenshot(page, name: str, selector: str | None = None) -> str:
 DOCS_SCREENSHOTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "screenshots")
 
 
+DOCS_COLOURS = 128  # text and flat colours: no pixel off by much (fast octree keeps rare colours), a third of the bytes
+
+
 def to_docs(path: str, name: str) -> None:
     """Copy a screenshot the README shows into docs/screenshots/, only when asked
-    (``NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS=1``): a test run never changes the checkout's tracked files."""
-    if os.environ.get("NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS") == "1":
-        os.makedirs(DOCS_SCREENSHOTS, exist_ok=True)
-        shutil.copyfile(path, os.path.join(DOCS_SCREENSHOTS, name))
+    (``NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS=1``): a test run never changes the checkout's tracked files. The copy
+    has a palette of ``DOCS_COLOURS`` (Pillow, which matplotlib brings), so the repository stays small."""
+    if os.environ.get("NOTEBOOK_LAUNCHER_SCREENSHOTS_TO_DOCS") != "1":
+        return
+    os.makedirs(DOCS_SCREENSHOTS, exist_ok=True)
+    target = os.path.join(DOCS_SCREENSHOTS, name)
+    try:
+        from PIL import Image
+    except ImportError:
+        shutil.copyfile(path, target)
+        return
+    with Image.open(path) as image:
+        image.convert("RGB").quantize(colors=DOCS_COLOURS, method=Image.Quantize.FASTOCTREE,
+                                      dither=Image.Dither.NONE).save(target, optimize=True)
 
 
 def quiet_settings(settings_dir) -> str:

@@ -2,7 +2,8 @@
 
 The kernel's watchdog is what makes ``hang_notice`` events; here the cell makes them by hand, feeds them to a
 ``RunState`` and publishes it through ``PanelDisplay`` (the same bundle, display id and updates as a launch), so
-the card is drawn by the extension built in this checkout. Screenshots go to tests/output/.
+the card is drawn by the extension built in this checkout. Screenshots go to tests/output/. A real hung launch,
+sampled while its cell runs, is in test_browser_panel_story.py.
 """
 
 from __future__ import annotations
