@@ -304,7 +304,17 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
 function headerKey(run: IRun): string {
   const { ranks, shape_mismatches, oom_retries, triggers, failure, hang, hangs, ...rest } = run;
   const rows = (ranks || []).map(rank => [rank.rank, rank.status, rank.summary]);
-  return JSON.stringify([rest, rows]);
+  return JSON.stringify([rest, rows, toldBelow(run)]);
+}
+
+/**
+ * What a card below the header tells in full, so the header does not tell it again: the verdict and its detail
+ * (a failure, a live hang or an out-of-memory card has the verdict as its title), the balance line (the Balance
+ * section).
+ */
+export function toldBelow(run: IRun): { verdict: boolean; balance: boolean } {
+  const verdict = !!run.failure || !!run.hang?.live || (run.oom_retries || []).length > 0;
+  return { verdict, balance: !!run.balance };
 }
 
 /**
@@ -312,15 +322,21 @@ function headerKey(run: IRun): string {
  * detail, a compact row per rank (up to GRID_ABOVE ranks: the grid shows more), the balance line and how to
  * open the whole log.
  */
-export function renderSummary(summary: ISummary | null | undefined, ranks: IRank[]): HTMLElement | null {
+export function renderSummary(
+  summary: ISummary | null | undefined,
+  ranks: IRank[],
+  told: { verdict: boolean; balance: boolean } = { verdict: false, balance: false }
+): HTMLElement | null {
   if (!summary || !summary.title) {
     return null;
   }
   const box = h('div', 'nl-summary');
   setData(box, { verdict: summary.verdict });
-  box.appendChild(h('div', 'nl-summary-title', summary.title));
-  if (summary.detail && summary.detail.length) {
-    box.appendChild(h('pre', 'nl-summary-detail', summary.detail.join('\n')));
+  if (!told.verdict) {
+    box.appendChild(h('div', 'nl-summary-title', summary.title));
+    if (summary.detail && summary.detail.length) {
+      box.appendChild(h('pre', 'nl-summary-detail', summary.detail.join('\n')));
+    }
   }
   if (ranks.length && ranks.length <= GRID_ABOVE) {
     const table = h('table', 'nl-summary-rows');
@@ -348,7 +364,9 @@ export function renderSummary(summary: ISummary | null | undefined, ranks: IRank
     }
     box.appendChild(table);
   }
-  const foot = [summary.balance, summary.inspect ? `whole log: ${summary.inspect}` : null].filter(Boolean);
+  const foot = [told.balance ? null : summary.balance, summary.inspect ? `whole log: ${summary.inspect}` : null].filter(
+    Boolean
+  );
   if (foot.length) {
     box.appendChild(h('div', 'nl-summary-foot', foot.join(' · ')));
   }
@@ -382,7 +400,7 @@ function renderHeader(run: IRun): Node[] {
   }
   top.appendChild(fields);
   const out: Node[] = [top];
-  const summary = renderSummary(run.summary, run.ranks || []);
+  const summary = renderSummary(run.summary, run.ranks || [], toldBelow(run));
   if (summary) {
     out.push(summary);
   }

@@ -37,4 +37,30 @@ describe('the summary header', () => {
     expect(box.querySelector('img')).toBeNull();
     expect(box.querySelector('.nl-summary-foot')?.textContent).toBe('balanced: no straggler · whole log: inspect_run("r")');
   });
+
+  it('leaves the verdict to the card that tells it, and the balance to the Balance section', () => {
+    const view = new RunView();
+    document.body.replaceChildren(view.node);
+    view.update(
+      run({
+        status: 'failed',
+        summary: {
+          verdict: 'failed',
+          title: 'Failed: rank 1 raised ValueError: bad',
+          detail: ['rank 1: ValueError: bad'],
+          balance: 'straggler: rank 1',
+          inspect: 'inspect_run("r")'
+        },
+        failure: { kind: 'failure', rank: 1, type: 'ValueError', verdict: 'Rank 1 failed first: ValueError: bad' },
+        balance: { straggler: 1, final: true, ranks: {}, summary: 'straggler: rank 1' },
+        ranks: [rank(0, { status: 'stopped' }), rank(1, { status: 'failed' })]
+      } as any)
+    );
+    const box = view.node.querySelector('.nl-header .nl-summary') as HTMLElement;
+    expect(box.querySelector('.nl-summary-title')).toBeNull();
+    expect(box.querySelector('.nl-summary-detail')).toBeNull();
+    expect(box.querySelectorAll('tbody tr').length).toBe(2);
+    expect(box.querySelector('.nl-summary-foot')?.textContent).toBe('whole log: inspect_run("r")');
+    expect(view.node.textContent?.split('Rank 1 failed first: ValueError: bad').length).toBe(2);
+  });
 });

@@ -36,7 +36,7 @@ def headline(state: dict) -> str:
     world = state["world_size"]
     return (f"notebook_launcher run {state['run_id']}: {state['status']}, {world} rank{'s' if world != 1 else ''} "
             f"on {state['device']} ({state['backend']}, {state['start_method']}), {seconds(state['elapsed'])}"
-            + (f", try {state['attempt']}" if state.get("attempt", 1) > 1 else "")
+            + (f", attempt {state['attempt']}" if state.get("attempt", 1) > 1 else "")
             + (f", batch size {state['batch_size']}" if state.get("batch_size") is not None else ""))
 
 
@@ -67,10 +67,8 @@ def _line_text(line: dict) -> str:
 
 
 def _line_colour(line: dict) -> str | None:
-    if line["kind"] == "retry" or (line["kind"] == "stderr" and "OutOfMemoryRetry" in line["text"]):
-        return _AMBER  # a step down of find_executable_batch_size: a retry, not a failure
-    if line["kind"] == "attempt":
-        return _BLUE  # the divider a new attempt starts with
+    if line["kind"] in ("retry", "attempt") or (line["kind"] == "stderr" and "OutOfMemoryRetry" in line["text"]):
+        return _AMBER  # a step down of find_executable_batch_size, and the attempt after it: a retry, not a failure
     return _LEVEL_COLOURS.get(line.get("level")) or (_RED if line["kind"] == "stderr" else None)
 
 
