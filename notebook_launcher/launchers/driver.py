@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from ..display import TextDisplay
+from ..display import Display, TextDisplay
 from ..display.panel import PanelDisplay, wants_panel
 from ..display.state import RunState
 from ..plan import LaunchPlan
@@ -31,7 +31,8 @@ from .payload import spawn_payload
 _kernel_checked = False
 
 
-def launch(plan: LaunchPlan, display="auto", hosts: HostSettings | None = None, single_attempt: bool = False) -> Any:
+def launch(plan: LaunchPlan, display: str | Display = "auto", hosts: HostSettings | None = None,
+           single_attempt: bool = False) -> Any:
     """Run the plan; return rank 0's result or raise the one error that tells what happened."""
     __tracebackhide__ = True
     launcher = choose_launcher(plan, hosts)
