@@ -80,8 +80,8 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     if hosts:
         planned.update(num_nodes=len(hosts), master_addr=without_user(hosts[0]))
     plan = make_plan(function, args, in_workers=bool(hosts), **planned)
-    settings = HostSettings(hosts, given.ssh_options, given.start_hosts_with, given.mpirun_options,
-                            given.slurm_options) if hosts else None
+    settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
+                            mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
     return launch(plan, display, settings)
 
 

@@ -364,3 +364,40 @@ def test_a_host_whose_agent_dies_never_reads_as_a_finished_run(local_sshd):
                           timeout=60, display="text")
     assert "127.0.0.2" in str(caught.value) and last_run().status == "failed"
     assert not _agents()
+
+
+
+def test_a_new_way_to_start_agents_is_one_class_and_one_line(tmp_path, monkeypatch):
+    from notebook_launcher.cluster.starts import AgentEnd, AgentStart
+    from notebook_launcher.launchers import HostSettings, launch
+    from notebook_launcher.launchers.hosts import AGENT_STARTS
+    from notebook_launcher.plan import make_plan
+
+    class StartedHere(AgentStart):
+        """Agents started with no SSH: each host's agent runs on this machine, its pipes the channel (both
+        hosts are this machine's addresses)."""
+
+        name = "here"
+        over_pipes = True
+        node_addresses = HOSTS
+
+        def command(self, hosts: list[str], agent: list[str]) -> list[str]:
+            return agent
+
+        def env(self) -> None:
+            return None
+
+        def problem(self, end: AgentEnd) -> str:
+            return f"host {end.host}: its agent exited with code {end.code}"
+
+    monkeypatch.setitem(AGENT_STARTS, "here", lambda settings: StartedHere())
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    plan = make_plan(everyone, (str(pid_dir),), in_workers=True, num_processes=1, num_nodes=2, master_addr=HOSTS[0],
+                     device="cpu", timeout=120)
+    assert launch(plan, "text", HostSettings(hosts=HOSTS, start_with="here")) == (0, 2, 1.0)
+    run = last_run()
+    hosts = {event.rank: event.data.get("host") for event in run.events
+             if event.kind == STATUS and event.data.get("state") == "starting"}
+    assert run.status == "finished" and hosts == {0: "127.0.0.1", 1: "127.0.0.2"}
+    assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"

@@ -1,12 +1,13 @@
-"""Kernel side of a launch across hosts: one SSH connection per host, each running
-``notebook_launcher.launchers.agent``.
+"""Kernel side of a launch across hosts: an agent per host, ``notebook_launcher.launchers.agent``, started the
+way ``start`` says (``starts.py``: over one SSH connection per host, or by mpirun or srun, connecting back).
 
-Each host is one node (node rank = its position in ``hosts``). The kernel sends each agent its settings, a
-per-run secret and the function (cloudpickle), then reads the agents' signed event frames from the SSH channels
-into the same event pipeline as local ranks. A frame that is not signed with the run's secret ends the run;
-nothing from a host is decoded (let alone unpickled) before its signature is checked. The first failure on any
-host stops every host: the agents are told to stop (and their stdin closed, which stops them too), and SSH
-clients still there after ``STOP_GRACE_S`` are killed, which closes their channels and stops the remote side.
+Each host is one node (node rank = its position in ``hosts``). The kernel sends each agent its settings, a per-run
+secret and the function (cloudpickle), then reads the agents' signed event frames from their channels (ssh's pipes,
+or their connections back) into the same event pipeline as local ranks. A frame that is not signed with the run's
+secret ends the run; nothing from a host is decoded (let alone unpickled) before its signature is checked. The first
+failure on any host stops every host: the agents are told to stop (and their input closed, which stops them too),
+and the processes that started them still there after ``STOP_GRACE_S`` are killed, which closes their channels and
+stops the remote side.
 """
 
 from __future__ import annotations
@@ -16,20 +17,23 @@ import json
 import os
 import secrets
 import selectors
-import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..errors import HostFailedError
 from ..schema.events import AGENT_EVENT, EXIT, FAILURE, NODE_ERROR_EVENT, NOTE_EVENT, STATUS, Event
 from ..schema.status import StopReason
 from .agent_channel import AGENT_ENV_VAR, SignedFrameReader, UnverifiedStream, node_key
 from .backchannel import BackChannel, listen_address
-from .remote import SSH_FIX, check_ssh, mpirun_command, mpirun_problem, ssh_command
+from .starts import AgentEnd, AgentStart
+
+if TYPE_CHECKING:  # (only a type: this layer does not import the plan's module)
+    from ..plan import LaunchPlan
 
 STOP_GRACE_S = 10.0  # agents stop their ranks themselves (SIGTERM, then SIGKILL after 1 s) well within this
 PEER_REPORT_GRACE_S = 1.0  # after a failure, how long the other hosts may take to report theirs
@@ -62,6 +66,7 @@ class RemoteNode:
         self.node_rank = node_rank
         self.reader = SignedFrameReader(node_key(secret, node_rank))
         self.process: subprocess.Popen | None = None  # its ssh; with mpirun, the one mpirun of every host
+        self.command: list[str] = []  # that process's command line
         self.control = None  # where the kernel writes to its agent: ssh's stdin, or the agent's connection
         self.sources: list = []  # what the kernel reads from it: ssh's stdout and stderr, or the connection
         self.connected = False  # mpirun: its agent connected back and proved it holds the key
@@ -84,19 +89,15 @@ class RemoteNode:
 class Cluster:
     """``run()`` starts every host's agent, carries their events to ``on_event`` and returns when all are gone."""
 
-    def __init__(self, plan, hosts: list[str], ssh_options, payload: bytes, on_event, note, on_tick=None,
-                 python: str | None = None, start_with: str = "ssh", mpirun_options=None, srun=None):
+    def __init__(self, plan: LaunchPlan, hosts: list[str], start: AgentStart, payload: bytes, on_event, note,
+                 on_tick=None, python: str | None = None):
         self.plan = plan
         self.secret = secrets.token_bytes(32)
         self.nodes = [RemoteNode(host, rank, self.secret) for rank, host in enumerate(hosts)]
-        self.ssh_options = list(ssh_options or [])
-        self.start_with = start_with
-        self.mpirun_options = list(mpirun_options or [])
-        self.srun = srun  # start_with "srun": slurm.SrunStart (its command, the nodes' addresses, the diagnosis)
-        self._mpirun_command: list[str] = []
+        self.start = start  # how the agents start (starts.py)
         self._master_line = b""  # node 0's store address, for the other agents
         self._backchannel: BackChannel | None = None
-        self._mpirun_output = RemoteNode(start_with, -1, self.secret)  # mpirun's (srun's) own stdout/stderr lines
+        self._start_output = RemoteNode(start.name, -1, self.secret)  # connecting back: the one starter's own lines
         self.payload = payload
         self.on_event = on_event
         self.note = note
@@ -109,15 +110,11 @@ class Cluster:
         self._reported: set[int] = set()
 
     # -- start -------------------------------------------------------------------------------------------------
-    def ssh_command(self, node: RemoteNode) -> list[str]:
-        agent = shlex.join([self.python, "-m", "notebook_launcher.launchers.agent"])
-        return ssh_command(node.host, self.ssh_options, [agent])
-
     def _config(self, node: RemoteNode) -> dict:
         plan = self.plan
-        extra = {"secret": self.secret.hex()} if self.start_with == "ssh" else {}  # (mpirun: from its environment)
-        if self.srun is not None:  # node 0's ranks serve the store on the address Slurm reaches the node on
-            extra["node_address"] = self.srun.addresses[node.node_rank]
+        extra = {"secret": self.secret.hex()} if self.start.over_pipes else {}  # (else: from its environment)
+        if self.start.node_addresses is not None:  # node 0's ranks serve the store on the address it is known by
+            extra["node_address"] = self.start.node_addresses[node.node_rank]
         return {**extra, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
                 "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
                 "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
@@ -125,8 +122,10 @@ class Cluster:
                 "memory_limit": plan.memory_limit, "batch_sizes": plan.batch_sizes or {}, "results": plan.results}
 
     def _start(self, node: RemoteNode) -> None:
-        node.process = subprocess.Popen(self.ssh_command(node), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
+        """Over pipes: this host's own process (its ssh), whose stdin/stdout are its agent's channel."""
+        node.command = self.start.command([node.host], [self.python, "-m", "notebook_launcher.launchers.agent"])
+        node.process = subprocess.Popen(node.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env=self.start.env(), start_new_session=True)
         for pipe, channel in ((node.process.stdout, "events"), (node.process.stderr, "stderr")):
             os.set_blocking(pipe.fileno(), False)
             self._selector.register(pipe, selectors.EVENT_READ, (node, channel))
@@ -136,31 +135,26 @@ class Cluster:
         os.set_blocking(node.control.fileno(), False)
         self._send(node, json.dumps(self._config(node)).encode() + b"\n" + self.payload)
 
-    def _start_mpirun(self) -> None:
-        """One agent per host, started by the MPI found (or srun); each connects back to the back-channel
-        (backchannel.py) on the address the hosts reach this kernel on."""
-        routes = self.srun.addresses if self.srun is not None else [node.host for node in self.nodes]
+    def _start_connecting(self) -> None:
+        """Connecting back: one process starts every host's agent (mpirun, srun); each connects back to the
+        back-channel (backchannel.py) on the address the hosts reach this kernel on."""
+        hosts = [node.host for node in self.nodes]
         try:
-            self._backchannel = channel = BackChannel(listen_address(routes), self.secret, len(self.nodes),
-                                                      self._selector)
+            self._backchannel = channel = BackChannel(listen_address(self.start.node_addresses or hosts), self.secret,
+                                                      len(self.nodes), self._selector)
         except OSError as exc:
-            raise HostFailedError(f"start_hosts_with={self.start_with!r}: cannot listen for the agents on the address "
+            raise HostFailedError(f"start_hosts_with={self.start.name!r}: cannot listen for the agents on the address "
                                   f"the hosts reach this machine on ({exc}); check this machine's name and network, or "
                                   f"use start_hosts_with='ssh'") from None
-        agent = [self.python, "-m", "notebook_launcher.launchers.agent", "--connect"]
-        self._mpirun_command = (self.srun.command(agent) if self.srun is not None else
-                                mpirun_command([node.host for node in self.nodes], agent, self.mpirun_options))
-        if not self._mpirun_command:
-            raise HostFailedError("start_hosts_with='mpirun' needs mpirun or mpiexec on this machine (Debian: "
-                                  "apt-get install openmpi-bin); or use start_hosts_with='ssh'")
-        env = {**(self.srun.env() if self.srun is not None else os.environ),
+        command = self.start.command(hosts, [self.python, "-m", "notebook_launcher.launchers.agent", "--connect"])
+        env = {**(self.start.env() or os.environ),
                AGENT_ENV_VAR: f"{channel.address} {channel.port} {self.secret.hex()}"}
-        process = subprocess.Popen(self._mpirun_command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
-        output = self._mpirun_output
-        output.process = process
+        output = self._start_output
+        output.process, output.command = process, command
         for node in self.nodes:
-            node.process = process
+            node.process, node.command = process, command
         for pipe in (process.stdout, process.stderr):
             os.set_blocking(pipe.fileno(), False)
             self._selector.register(pipe, selectors.EVENT_READ, (output, "stderr"))
@@ -222,11 +216,11 @@ class Cluster:
         deadline = None if timeout is None else time.monotonic() + timeout + STOP_GRACE_S
         try:
             with DeferredInterrupt(wake_write) as interrupt:
-                if self.start_with != "ssh":
-                    self._start_mpirun()
-                else:
+                if self.start.over_pipes:
                     for node in self.nodes:
                         self._start(node)
+                else:
+                    self._start_connecting()
                 while any(node.open_pipes or node.process.poll() is None for node in self._watched()):
                     if interrupt.count and self.stop_reason is None:
                         self.stop(StopReason.INTERRUPTED)
@@ -259,22 +253,22 @@ class Cluster:
             os.close(wake_write)
 
     def _watched(self) -> list[RemoteNode]:
-        return self.nodes + ([self._mpirun_output] if self._mpirun_output.process is not None else [])
+        return self.nodes + ([self._start_output] if self._start_output.process is not None else [])
 
     def _finish_ended_hosts(self, now: float) -> None:
         """A host whose ssh exited, or whose agent said it was done, gets EOF_GRACE_S for its pipes to close;
         then its ssh (still held open by something on the host) is killed and its pipes are closed here. With
-        mpirun, its one process is killed only once every agent is done (or it has exited)."""
+        one process for every agent (mpirun, srun), it is killed only once every agent is done (or it has exited)."""
         for node in self._watched():
             if node.ended_at is None and (node.process.poll() is not None or node.done_code is not None):
                 node.ended_at = now
-        if self._mpirun_output.process is not None and self._mpirun_output.ended_at is None and all(
+        if self._start_output.process is not None and self._start_output.ended_at is None and all(
                 node.ended_at is not None for node in self.nodes):
-            self._mpirun_output.ended_at = now
+            self._start_output.ended_at = now
         for node in self._watched():
             if node.ended_at is None or now - node.ended_at <= EOF_GRACE_S:
                 continue
-            if node.process.poll() is None and (self.start_with == "ssh" or node is self._mpirun_output):
+            if node.process.poll() is None and (self.start.over_pipes or node is self._start_output):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(node.process.pid, signal.SIGKILL)
             for source in node.sources:
@@ -413,21 +407,9 @@ class Cluster:
                 return f"host {node.host}: its event stream was refused: {node.broken}."
             if node.done_code is None and code not in (None, 0) and self.stop_reason in (None, StopReason.FAILURE) \
                     and not node.killed:  # its ssh ended by itself, not because we stopped the run
-                if self.srun is not None:
-                    return self.srun.problem(node.host, node.node_rank, node.connected, code,
-                                             list(self._mpirun_output.stderr_tail))
-                if self.start_with == "mpirun":
-                    return mpirun_problem(self._mpirun_command, list(self._mpirun_output.stderr_tail),
-                                          [other.host for other in self.nodes], node, code, self.python)
-                tail = "\n".join(f"  {line}" for line in node.stderr_tail) or "  (nothing on stderr)"
-                check = check_ssh(node.host, self.ssh_options)  # the doctor's check says whether SSH itself works
-                verdict = (f"The doctor's SSH check: {check.verdict}, {check.found}" +
-                           (f"; fix: {check.fix}" if check.fix and check.verdict != "ok" else ""))
-                return (f"host {node.host} (node {node.node_rank}) could not run its ranks: "
-                        f"`{shlex.join(self.ssh_command(node))}` exited with code {code}. Its last lines:\n{tail}\n"
-                        f"{verdict}.\nFix: {SSH_FIX} (`notebook_launcher.doctor()` runs the same SSH check); and "
-                        f"check that {self.python} exists there with "
-                        f"notebook_launcher installed.")
+                tail = node.stderr_tail if self.start.over_pipes else self._start_output.stderr_tail
+                return self.start.problem(AgentEnd(node.host, node.node_rank, code, node.command, list(tail),
+                                                   node.connected, self.python))
         for node in self.nodes:
             if node.dropped:  # its channel ended early, though its ssh had not failed (yet): we stopped it
                 return (f"host {node.host} (node {node.node_rank}): the connection ended before its ranks finished "

@@ -2,7 +2,7 @@
 
 ``salloc [options] -- sh -c HOLDER``: salloc asks for the job and, once granted, runs the holder on this machine.
 The holder prints the job's id, nodes and CPUs per node, then waits for its stdin to end. The agents then run as
-steps of that job (``srun --jobid``, ``slurm.SrunStart``), as they do inside an allocation; a restart or an
+steps of that job (``srun --jobid``, ``starts.SrunStart``), as they do inside an allocation; a restart or an
 out-of-memory step down reuses it. Why salloc with a holder rather than ``salloc --no-shell`` or ``sbatch``:
 
 - the job's id is known while it waits (salloc says ``Pending job allocation N`` at once), so the display can

@@ -32,7 +32,7 @@ _ID = re.compile(r"[0-9]+(?:_[0-9]+)?(?:\.[0-9]+)?")  # job 1234, array task 123
 _NODE = re.compile(r"(?:[^,\s\[\]]|\[[^\[\]]*\])+")  # one name of a node list, its [ranges] included
 _NODELIST = re.compile(rf"[,\s]*(?:{_NODE.pattern}(?:[,\s]+{_NODE.pattern})*)?[,\s]*")
 MAX_HOSTS = 1_000_000  # nodes in one node list (the largest clusters have ~10^5)
-_ARG_MAX = 100_000  # characters of node names on one command line (Linux takes up to 131072 in one argument)
+ARG_MAX = 100_000  # characters of node names on one command line (Linux takes up to 131072 in one argument)
 SALLOC_FIX = ("run the notebook inside an allocation (a batchspawner server, or a kernel started under salloc), or "
               "pass slurm_options=[...] (salloc's options, e.g. ['--nodes=2', '--time=30']) to ask Slurm for one")
 
@@ -176,7 +176,7 @@ def node_addresses(hosts: list[str]) -> list[str]:
     connection back comes from, and where node 0's ranks serve the store. (Every node's, when the names are
     longer than a command line takes.)"""
     names = ",".join(hosts)
-    text = run_slurm(["scontrol", "--oneliner", "--", "show", "node", *([names] if len(names) <= _ARG_MAX else [])])
+    text = run_slurm(["scontrol", "--oneliner", "--", "show", "node", *([names] if len(names) <= ARG_MAX else [])])
     found = {}
     for line in text.splitlines():
         fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
@@ -319,47 +319,6 @@ def check_fits(job: SlurmJob, hosts: list[str], num_processes: int, device: str)
             f"holds on {', '.join(short[:5])}{more}: the ranks share those CPUs. To give each rank its own, ask "
             f"for them (salloc or slurm_options '--cpus-per-task={num_processes}' with one task per node, or "
             f"'--ntasks-per-node={num_processes}')")
-
-
-class SrunStart:
-    """How ``agents.Cluster`` starts the agents with srun: one task per node of ``hosts``, a step of ``job``."""
-
-    name = "srun"
-
-    def __init__(self, job: SlurmJob, hosts: list[str], device: str = "cpu"):
-        self.job = job
-        self.hosts = hosts
-        # all the job's nodes go without --nodelist (a job's node list may be longer than a command line takes)
-        self.nodelist = [] if hosts == job.hosts else [f"--nodelist={','.join(hosts)}"]
-        if len(self.nodelist[0] if self.nodelist else "") > _ARG_MAX:
-            raise SlurmError(f"hosts= names {len(hosts)} nodes, more than srun's command line takes: leave hosts out "
-                             f"(every node of the job)")
-        self.addresses = node_addresses(hosts)
-        self.gpus = gpus_per_node(job.job_id) if device == "cuda" else {}
-        self.command_line: list[str] = []
-
-    def command(self, agent: list[str]) -> list[str]:
-        """srun's command line; the step takes every CPU the job holds on its nodes (srun's default without
-        --exact), overlapping the notebook's own step if it runs in one (batchspawner)."""
-        count = str(len(self.hosts))
-        gres = [f"--gres=gpu:{min(self.gpus.get(host, 0) for host in self.hosts)}"] if self.gpus else []
-        self.command_line = [shutil.which("srun") or "srun", f"--jobid={self.job.job_id}", f"--job-name={STEP_NAME}",
-                             "--overlap", "--nodes", count, "--ntasks", count, "--ntasks-per-node=1",
-                             *self.nodelist, "--kill-on-bad-exit=0", "--input=none",
-                             *gres, *agent]
-        return self.command_line
-
-    def env(self) -> dict[str, str]:
-        return slurm_env()
-
-    def problem(self, host: str, node_rank: int, connected: bool, code: int, tail: list[str]) -> str:
-        lines = "\n".join(f"  {line}" for line in tail) or "  (nothing on stderr)"
-        state = "its agent had connected" if connected else "its agent never connected back"
-        return (f"host {host} (node {node_rank}) could not run its ranks ({state}): `{' '.join(self.command_line)}` "
-                f"exited with code {code}. Its last lines:\n{lines}\nCheck the step by hand (`srun --jobid="
-                f"{self.job.job_id} --overlap -N{len(self.hosts)} hostname`), that the same Python with "
-                f"notebook_launcher exists on every node, and that the nodes reach this machine (the agents connect "
-                f"back to it).")
 
 
 def job_state(job_id: str) -> str:

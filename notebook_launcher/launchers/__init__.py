@@ -1,12 +1,14 @@
-"""Launch mechanisms, one module each, behind one interface: ``launch(plan, run, display, attempts)``.
+"""Launch mechanisms, one module each, behind one interface (``base.Launcher``): ``launch(plan, run, display,
+events, policy)`` runs every attempt and returns rank 0's result or raises.
 
-- ``local``: forked or spawned workers on this machine (one node, or this node of several);
-- ``hosts``: every host's ranks through an agent started over SSH or by mpirun;
-- ``in_kernel``: one process, in the kernel itself;
-- ``xla``: TPU cores through torch_xla.
+- ``local``: forked or spawned workers on this machine (one node, or this node of several; device "xla": one
+  process, torch_xla's host of every ordinal);
+- ``hosts``: every host's ranks through an agent per host, started over SSH or by mpirun (``cluster/starts.py``);
+- ``slurm``: the same, the agents started by srun as a step of a Slurm job;
+- ``in_kernel``: one process, in the kernel itself.
 
-``attempts`` owns the policy of new attempts for all of them; ``driver.launch`` picks the mechanism and tells
-the story's end.
+``intake.AttemptEvents`` takes every event of an attempt and ``attempts.RestartPolicy`` decides new attempts for
+all of them; ``driver.launch`` picks the mechanism (``choose_launcher``) and tells the story's end.
 """
 
 from .driver import launch

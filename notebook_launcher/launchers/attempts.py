@@ -12,6 +12,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.events import OOM_RETRY, RESTART, Event
 from ..supervision.failure import root_cause
@@ -28,7 +29,7 @@ class RestartPolicy:
         self.single_attempt = single_attempt
         self.restarts = 0
 
-    def next_plan(self, plan, failures: dict, who: str, may_retry: bool = True):
+    def next_plan(self, plan: LaunchPlan, failures: dict, who: str, may_retry: bool = True) -> LaunchPlan | None:
         """After a failed attempt: the plan of the next one, or None (the caller raises). Sets the Run's failures
         and root cause either way. ``may_retry=False``: the attempt cannot be repeated (a host could not run)."""
         run = self.run

@@ -13,13 +13,15 @@ import sys
 import time
 from typing import Any
 
-from ..display import TextDisplay
+from ..display import Display, TextDisplay
 from ..display.panel import PanelDisplay, wants_panel
 from ..display.state import RunState
+from ..plan import LaunchPlan
 from ..runs import Run, remember
 from ..schema.runlog import RunLog
 from ..schema.status import RunStatus
 from .attempts import RestartPolicy
+from .base import Launcher
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
 from .intake import AttemptEvents
@@ -29,7 +31,8 @@ from .payload import spawn_payload
 _kernel_checked = False
 
 
-def launch(plan, display="auto", hosts: HostSettings | None = None, single_attempt: bool = False) -> Any:
+def launch(plan: LaunchPlan, display: str | Display = "auto", hosts: HostSettings | None = None,
+           single_attempt: bool = False) -> Any:
     """Run the plan; return rank 0's result or raise the one error that tells what happened."""
     __tracebackhide__ = True
     launcher = choose_launcher(plan, hosts)
@@ -81,8 +84,8 @@ def launch(plan, display="auto", hosts: HostSettings | None = None, single_attem
                                            failure=interrupted if run.status == RunStatus.INTERRUPTED else None)
 
 
-def choose_launcher(plan, hosts: HostSettings | None):
-    """The mechanism for this plan. (A new one goes here: a class with ``launch(plan, run, display, attempts)``.)"""
+def choose_launcher(plan: LaunchPlan, hosts: HostSettings | None) -> Launcher:
+    """The mechanism for this plan. (A new one goes here: a class that declares ``base.Launcher``.)"""
     if hosts is not None:
         if hosts.start_with == "srun":
             from .slurm import SlurmLauncher

@@ -1,17 +1,23 @@
 """Ranks on several hosts from one notebook (``hosts=`` or ``hostfile=``): an agent per host, started over SSH
-or by mpirun (``cluster.Cluster``), whose signed events join this kernel's pipeline like local ranks' events."""
+or by mpirun (``cluster/starts.py``, chosen here by ``agent_start``) and run by ``cluster.agents.Cluster``, whose
+signed events join this kernel's pipeline like local ranks' events."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..cluster.agents import STOP_GRACE_S, Cluster
+from ..cluster.starts import AgentStart, MpirunStart, SshStart
+from ..display import Display
 from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
+from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message
 from .attempts import RestartPolicy
+from .base import Launcher
 from .intake import AttemptEvents
 
 
@@ -24,10 +30,21 @@ class HostSettings:
     start_with: str = "ssh"  # "ssh" | "mpirun" | "srun"
     mpirun_options: list | None = None
     slurm_options: list | None = None  # srun from outside a job: salloc's options (launchers/slurm.py)
-    srun: Any = None  # srun: how the agents start in the job (cluster.slurm.SrunStart), set by SlurmLauncher
+    start: AgentStart | None = None  # how the agents start, where it is made elsewhere (SlurmLauncher's SrunStart)
 
 
-class HostsLauncher:
+AGENT_STARTS: dict[str, Callable[[HostSettings], AgentStart]] = {  # start_hosts_with → how the agents start
+    "ssh": lambda settings: SshStart(settings.ssh_options),
+    "mpirun": lambda settings: MpirunStart(settings.mpirun_options),
+}  # (srun: SlurmLauncher makes cluster.starts.SrunStart once it has the job's nodes)
+
+
+def agent_start(settings: HostSettings) -> AgentStart:
+    """How the hosts' agents start: the one made for these settings, else the one ``start_with`` names."""
+    return settings.start or AGENT_STARTS[settings.start_with](settings)
+
+
+class HostsLauncher(Launcher):
     """``launch()`` starts every host's agent for each attempt; an out-of-memory step down or a restart
     (max_restarts) starts every host again; the first failure anywhere stops every host."""
 
@@ -35,16 +52,15 @@ class HostsLauncher:
         self.settings = settings
         self.payload = payload  # (function, args), pickled for the agents
 
-    def launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
+    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
+               policy: RestartPolicy) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
-        hosts = self.settings.hosts
+        hosts, start = self.settings.hosts, agent_start(self.settings)
         display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
                      f"per host, on {plan.device} ({plan.backend})")
         while True:
             events.begin(range(plan.world_size))
-            cluster = Cluster(plan, hosts, self.settings.ssh_options, self.payload, events.on_event, display.note,
-                              on_tick=events.tick, start_with=self.settings.start_with,
-                              mpirun_options=self.settings.mpirun_options, srun=self.settings.srun)
+            cluster = Cluster(plan, hosts, start, self.payload, events.on_event, display.note, on_tick=events.tick)
             try:
                 cluster.run(plan.timeout)
             finally:
@@ -76,7 +92,8 @@ class HostsLauncher:
                 raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
             return events.finished()
 
-    def _rank_failed(self, plan, run: Run, events: AttemptEvents, failures: dict, problem) -> RankFailedError:
+    def _rank_failed(self, plan: LaunchPlan, run: Run, events: AttemptEvents, failures: dict,
+                     problem) -> RankFailedError:
         """The root cause first, then which host each rank ran on (and why a host could not run, if one could not)."""
         hosts, cause = self.settings.hosts, run.root_cause
         run.status = RunStatus.FAILED

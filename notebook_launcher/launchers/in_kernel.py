@@ -5,15 +5,21 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..display import Display
+from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.status import RunStatus
+from .attempts import RestartPolicy
+from .base import Launcher
+from .intake import AttemptEvents
 
 
-class InKernelLauncher:
+class InKernelLauncher(Launcher):
     """A one-process default group (so DDP code runs unchanged) and the Accelerate variables, both put back as
     they were afterwards. ``timeout`` does not apply here."""
 
-    def launch(self, plan, run: Run, display, events=None, policy=None) -> Any:
+    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
+               policy: RestartPolicy) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         import torch.distributed as dist
 

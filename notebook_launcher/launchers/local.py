@@ -14,7 +14,9 @@ from typing import Any
 
 from ..cluster.ports import reserve_port
 from ..cluster.rendezvous import NodeRendezvous, NodeRendezvousTimeout
+from ..display import Display
 from ..errors import LaunchTimeoutError, RankFailedError
+from ..plan import LaunchPlan
 from ..rank.torch_names import missing as missing_private_names
 from ..runs import Run
 from ..schema.results import prepare as prepare_results
@@ -23,17 +25,19 @@ from ..supervision.failure import failure_message, hang_message, user_stacks
 from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
 from .attempts import RestartPolicy
+from .base import Launcher
 from .intake import AttemptEvents
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     """``launch()`` runs every attempt of a launch on this machine and returns rank 0's result."""
 
     def __init__(self, payload: bytes = b""):
         self.payload = payload  # (function, args) pickled, for spawned workers; b"" under fork
         self._in_memory = -1  # the payload's in-memory file, where the runs folder could not hold it
 
-    def launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
+    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
+               policy: RestartPolicy) -> Any:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         try:
             return self._launch(plan, run, display, events, policy)
@@ -42,7 +46,8 @@ class LocalLauncher:
                 os.close(self._in_memory)
                 self._in_memory = -1
 
-    def _launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
+    def _launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
+                policy: RestartPolicy) -> Any:
         __tracebackhide__ = True
         if plan.start_method == "fork":  # imported once here, not in every forked worker
             import torch.distributed  # noqa: F401 (~1 s each)
@@ -102,7 +107,7 @@ class LocalLauncher:
         return f"/proc/{os.getpid()}/fd/{descriptor}"
 
     @staticmethod
-    def _place(plan, run: Run, display, meeting_point):
+    def _place(plan: LaunchPlan, run: Run, display: Display, meeting_point):
         """Where this attempt's ranks meet: c10d's answer across nodes, else the port reserved here."""
         if meeting_point is not None:  # c10d: the nodes meet; node 0 tells the others where the store is
             meeting = _meet(meeting_point, plan, run)
@@ -118,7 +123,7 @@ class LocalLauncher:
         return plan, reservation
 
 
-def _hang_error(plan, run: Run, events: AttemptEvents, outcome: SupervisorOutcome) -> LaunchTimeoutError:
+def _hang_error(plan: LaunchPlan, run: Run, events: AttemptEvents, outcome: SupervisorOutcome) -> LaunchTimeoutError:
     """A hang or the timeout: where every rank was and its stacks, in the message and on the Run."""
     tracker = events.tracker
     run.status = RunStatus.HUNG if outcome.stop_reason == StopReason.HANG else RunStatus.TIMED_OUT
@@ -131,7 +136,7 @@ def _hang_error(plan, run: Run, events: AttemptEvents, outcome: SupervisorOutcom
     return LaunchTimeoutError(message, run)
 
 
-def _meet(meeting_point: NodeRendezvous, plan, run: Run):
+def _meet(meeting_point: NodeRendezvous, plan: LaunchPlan, run: Run):
     try:
         return meeting_point.meet()
     except NodeRendezvousTimeout as exc:
@@ -144,7 +149,7 @@ def _meet(meeting_point: NodeRendezvous, plan, run: Run):
             f"and check that {meeting_point.endpoint} is reachable from every node. (torch: {exc})", run) from None
 
 
-def _rendezvous_note(plan) -> str:
+def _rendezvous_note(plan: LaunchPlan) -> str:
     """No rank got past joining the process group: on several nodes, a node that never arrived."""
     where = f"{plan.master_addr}:{plan.master_port}"
     if plan.num_nodes > 1:

@@ -1,6 +1,6 @@
 """Ranks on the nodes of a Slurm job (``start_hosts_with="srun"``): the job this kernel runs in, or one asked for
 with ``slurm_options`` (``cluster/allocation.py``); then one agent per node as a step of it
-(``cluster/slurm.SrunStart``), which ``HostsLauncher`` runs like any launch across hosts (events, root cause,
+(``cluster/starts.SrunStart``), which ``HostsLauncher`` runs like any launch across hosts (events, root cause,
 teardown, new attempts). At the end no step of ours is left in the job, and an allocation asked for is given
 back, whatever happened. A step that starts no rank for a while (srun waits, silently, while Slurm cannot create
 it) is said once, and a timeout names it."""
@@ -15,29 +15,33 @@ from ..cluster.allocation import Allocation
 from ..cluster.slurm import (
     SlurmError,
     SlurmJob,
-    SrunStart,
     allocation_options,
     cancel_steps,
     check_fits,
     job_from_env,
     job_state,
 )
+from ..cluster.starts import SrunStart
+from ..display import Display
 from ..errors import HostFailedError, LaunchArgumentError, LaunchTimeoutError
+from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.status import RunStatus
 from .attempts import RestartPolicy
+from .base import Launcher
 from .hosts import HostSettings, HostsLauncher
 from .intake import AttemptEvents
 
 STEP_NOTICE_S = 60.0  # a step that has started no rank in this long is said (srun may wait without a word)
 
 
-class SlurmLauncher:
+class SlurmLauncher(Launcher):
     def __init__(self, settings: HostSettings, payload: bytes):
         self.settings = settings
         self.payload = payload
 
-    def launch(self, plan, run: Run, display, events: AttemptEvents, policy: RestartPolicy) -> Any:
+    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
+               policy: RestartPolicy) -> Any:
         __tracebackhide__ = True
         allocation = job = None
         try:
@@ -67,7 +71,7 @@ class SlurmLauncher:
                 raise HostFailedError(f"Slurm job {job.job_id}: {exc}", run) from None
             if warning:
                 display.note(warning)
-            settings = dataclasses.replace(self.settings, hosts=hosts, srun=start)
+            settings = dataclasses.replace(self.settings, hosts=hosts, start=start)
             watch = StepWatch(events, job, hosts, plan, display.note)
             try:
                 return HostsLauncher(settings, self.payload).launch(plan, run, display, watch, policy)
@@ -89,7 +93,7 @@ class StepWatch:
     """An attempt's events as HostsLauncher takes them, watched for the nodes whose ranks have not started: srun
     waits without a word while Slurm cannot create its step (a suspended job, busy or unresponsive nodes)."""
 
-    def __init__(self, events: AttemptEvents, job: SlurmJob, hosts: list[str], plan, note):
+    def __init__(self, events: AttemptEvents, job: SlurmJob, hosts: list[str], plan: LaunchPlan, note):
         self._events, self.job, self.hosts, self.plan, self.note = events, job, hosts, plan, note
         self._started = time.monotonic()
         self._heard: set[int] = set()

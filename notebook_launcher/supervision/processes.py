@@ -12,11 +12,15 @@ import os
 import selectors
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from ..schema.proctree import current_group, descendants_of_each, kill_if_same
 from .handles import WorkerProcess, ask_for_stacks, signal_all
 from .orphans import Orphans, spare, unspare
 from .starters import start_each_rank, start_xla_host, starter_for
+
+if TYPE_CHECKING:  # (only a type: this layer does not import the plan's module)
+    from ..plan import LaunchPlan
 
 DESCENDANT_SCAN_S = 1.0  # how often the processes below each rank are noted (to end them if the rank is killed)
 WAKE = "wake"
@@ -26,7 +30,7 @@ EXIT = "exit"
 class RankProcesses:
     """Starts the workers of one plan, then answers which are ready, reads and reaps them, and ends them."""
 
-    def __init__(self, plan, store_listen_fd: int = -1):
+    def __init__(self, plan: LaunchPlan, store_listen_fd: int = -1):
         self.plan = plan
         self.store_listen_fd = store_listen_fd
         self.workers: list[WorkerProcess] = []

@@ -18,11 +18,15 @@ import signal
 import subprocess
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 from ..schema.events import WorkerSpec
 from .demux import CHANNELS
 from .handles import WorkerProcess
 from .orphans import spare, unspare
+
+if TYPE_CHECKING:  # (only a type: this layer does not import the plan's module)
+    from ..plan import LaunchPlan
 
 PIPE_SIZE = 1 << 20  # fewer stalls for chatty workers; the kernel's reads keep up
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -103,7 +107,7 @@ class SpawnStarter:
         return popen.pid, popen
 
 
-def starter_for(plan) -> ForkStarter | SpawnStarter:
+def starter_for(plan: LaunchPlan) -> ForkStarter | SpawnStarter:
     """The plan's start method ("fork", else spawn)."""
     if plan.start_method == "fork":
         return ForkStarter(plan.function, plan.args)
@@ -120,7 +124,7 @@ def make_pipe() -> tuple[int, int]:
     return read, write
 
 
-def start_each_rank(plan, starter, spec_for, store_listen_fd: int):
+def start_each_rank(plan: LaunchPlan, starter, spec_for, store_listen_fd: int):
     """A process per rank of this machine, started in rank order: yields each ``(WorkerProcess, pipes)`` once
     started (``pipes``: channel -> (read, write)); the caller watches it (and may open its pidfd) before the
     next starts, which closes what the kernel holds of the earlier ones."""
@@ -141,7 +145,7 @@ def start_each_rank(plan, starter, spec_for, store_listen_fd: int):
         kernel_fds += own_read_ends + ([worker.pidfd] if worker.pidfd is not None else [])
 
 
-def start_xla_host(plan, starter, spec_for, store_listen_fd: int = -1):
+def start_xla_host(plan: LaunchPlan, starter, spec_for, store_listen_fd: int = -1):
     """device "xla": one process, torch_xla's host, carries every rank (``xla_host``). It holds every rank's
     pipes, and each ordinal writes on its own rank's, in whichever process or thread torch_xla runs it; the
     other ranks' ``WorkerProcess`` name the host's as theirs (``host``)."""

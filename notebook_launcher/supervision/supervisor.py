@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
 from ..schema.lines import expand_lines
@@ -26,6 +27,9 @@ from .interrupts import DeferredInterrupt
 from .processes import EXIT as EXITED
 from .processes import RankProcesses
 from .starters import PIPE_SIZE
+
+if TYPE_CHECKING:  # (only a type: this layer does not import the plan's module)
+    from ..plan import LaunchPlan
 
 TERMINATE_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.5
@@ -73,8 +77,8 @@ class Supervisor:
     on time passing).
     """
 
-    def __init__(self, plan, on_event, spawn_payload_path: str = "", on_tick=None, store_listen_fd: int = -1,
-                 progress_dir: str = "", on_lines=None):
+    def __init__(self, plan: LaunchPlan, on_event, spawn_payload_path: str = "", on_tick=None,
+                 store_listen_fd: int = -1, progress_dir: str = "", on_lines=None):
         self.plan = plan
         self.on_event = on_event
         self.on_lines = on_lines or self._each_line
