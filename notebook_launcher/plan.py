@@ -1,7 +1,10 @@
-"""The validated launch plan: every argument checked in the kernel before any process starts.
+"""Making the launch plan (``launch_plan.LaunchPlan``): every argument checked in the kernel before any process
+starts.
 
-Choosing the device, backend, start method and port happens here, so that the supervisor only executes a plan
-and the error for a bad argument names the parameter and the fix.
+Choosing the device, backend, start method, port and the number of ranks (``num_processes=None``) happens here,
+once, for ``notebook_launcher()`` and ``%%accelerate`` alike, so that the supervisor only executes a plan and the
+error for a bad argument names the parameter and the fix. A host's agent rebuilds the kernel's plan here too
+(``plan_on_agent``), deciding only what depends on its host.
 """
 
 from __future__ import annotations
