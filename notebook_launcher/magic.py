@@ -21,14 +21,17 @@ import sys
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .keywords import magic_options
+
 MAX_RETURN_BYTES = 2**30  # a value bigger than this pickled stays on the ranks
+KEYWORD_OPTIONS = magic_options()  # (flags, settings) of each keyword %%accelerate takes, declared in keywords.py
 
 
-def _seconds_or_off(text: str) -> float | None:
-    """``--hang-warning``: a number of seconds, or "off"/"none" for no watchdog."""
-    if text.strip().lower() in ("off", "none", "no"):
-        return None
-    return float(text)
+def _keyword_options(magic):
+    """The options made from the keywords' declaration, in its order, each stored under its keyword's name."""
+    for flags, settings in reversed(KEYWORD_OPTIONS):
+        magic = argument(*flags, **settings)(magic)
+    return magic
 
 
 class CellProgram:
@@ -147,19 +150,7 @@ class AccelerateMagics(Magics):
                 accelerate_doctor)))
 
     @magic_arguments()
-    @argument("-n", "--num-processes", type=int, default=None,
-              help="ranks to start (default: one per GPU, else 2 CPU workers)")
-    @argument("--debug", action="store_true", help="debug mode: collectives check shapes first")
-    @argument("--mixed-precision", default="no", help="no, fp16, bf16 or fp8 (ACCELERATE_MIXED_PRECISION)")
-    @argument("--start-method", default="auto", help="auto, fork or spawn")
-    @argument("--device", default="auto", help="auto, cpu, cuda or xla")
-    @argument("--timeout", type=float, default=None, help="seconds before the run is stopped and diagnosed")
-    @argument("--hang-warning", type=_seconds_or_off, default=30.0, metavar="S",
-              help="seconds without progress (a rank waiting in a collective) before a hang notice; off: none")
-    @argument("--port", default="29500", help="master port (a free one is used if it is taken)")
-    @argument("--memory-limit", default=None, help="per-worker address-space cap, e.g. 3GB")
-    @argument("--text", action="store_true",
-              help="plain rank-prefixed lines ([rank 0] ...) instead of the live run panel")
+    @_keyword_options
     @argument("--return", dest="return_names", default=None,
               help="comma-separated names to bring back from rank 0 (default: all the cell assigns)")
     @argument("--no-return", action="store_true", help="bring nothing back")
@@ -195,22 +186,14 @@ class AccelerateMagics(Magics):
             return_names = [name.strip() for name in args.return_names.split(",") if name.strip()]
         else:
             return_names = names_assigned(tree)
-        device = planning.detect_device() if args.device == "auto" else args.device
-        if args.start_method == "spawn" or (
-                args.start_method == "auto" and planning.choose_start_method("auto", device)[0] == "spawn"):
+        keywords = {settings["dest"]: getattr(args, settings["dest"]) for _, settings in KEYWORD_OPTIONS}
+        if planning.spawns(keywords["start_method"], keywords["device"]):
             _check_picklable(namespace)
         count = max(1, getattr(self.shell, "execution_count", 1) - 1)  # IPython counts this cell already
         filename = f"<accelerate cell In[{count}]>"
         source = "\n" + source  # line numbers as the notebook shows them, the %%accelerate line being line 1
         _register_source(filename, f"%%accelerate {line}" + source)
-        num_processes = args.num_processes
-        if num_processes is None:
-            num_processes = planning.cuda_device_count() if device == "cuda" else 2
-        result = notebook_launcher(
-            CellProgram(source, filename, namespace, return_names), num_processes=num_processes,
-            mixed_precision=args.mixed_precision, use_port=args.port, start_method=args.start_method,
-            device=device, timeout=args.timeout, hang_warning=args.hang_warning, debug=True if args.debug else None,
-            memory_limit=args.memory_limit, display="text" if args.text else "auto")
+        result = notebook_launcher(CellProgram(source, filename, namespace, return_names), **keywords)
         if not return_names or not isinstance(result, dict):
             return None
         skipped = dict(result["skipped"])

@@ -1,23 +1,25 @@
-"""The validated launch plan: every argument checked in the kernel before any process starts.
+"""Making the launch plan (``launch_plan.LaunchPlan``): every argument checked in the kernel before any process
+starts.
 
-Choosing the device, backend, start method and port happens here, so that the supervisor only executes a plan
-and the error for a bad argument names the parameter and the fix.
+Choosing the device, backend, start method, port and the number of ranks (``num_processes=None``) happens here,
+once, for ``notebook_launcher()`` and ``%%accelerate`` alike, so that the supervisor only executes a plan and the
+error for a bad argument names the parameter and the fix. A host's agent rebuilds the kernel's plan here too
+(``plan_on_agent``), deciding only what depends on its host.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import sys
-from dataclasses import dataclass
 
 from .accelerate_config import resolve_debug
 from .errors import LaunchArgumentError
 from .keywords import LaunchKeywords
+from .launch_plan import LaunchPlan
 from .schema.results import RESULT_CHOICES
-from .xla_devices import XlaLayout, tpu_detected, xla_layout, xla_runtime_initialized
+from .xla_devices import tpu_detected, xla_layout, xla_runtime_initialized
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHOD_CHOICES = ("auto", "fork", "spawn")
@@ -26,99 +28,12 @@ BACKEND_CHOICES = ("auto", "gloo", "nccl", "mpi", "ucc", "xccl")
 RDZV_BACKEND_CHOICES = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_PREFIX_TEMPLATE = "[rank ${rank}] "
 MAX_MONITOR_INTERVAL_S = 60
+DEFAULT_CPU_RANKS = 2  # num_processes=None on CPU
 MAX_RANKS_PER_CORE = 8  # CPU ranks beyond this are refused: each is a process with torch loaded
 FDS_PER_RANK = 8  # the kernel's descriptors per rank while it starts (3 pipes, both ends) and after (+ pidfd)
 
 # Libraries whose import is known to initialize CUDA in the importing process (so fork is no longer safe).
 KNOWN_CUDA_INITIALIZERS = ("bitsandbytes", "pycuda.autoinit", "cupy", "numba.cuda", "tensorflow", "jax")
-
-
-@dataclass
-class LaunchPlan:
-    """Everything the supervisor needs, already checked."""
-
-    function: object
-    args: tuple
-    num_processes: int
-    num_nodes: int
-    node_rank: int
-    device: str
-    backend: str
-    start_method: str
-    start_method_reason: str
-    master_addr: str
-    master_port: int  # the launcher replaces it with the port it reserved for each attempt
-    requested_port: int
-    mixed_precision: str
-    timeout: float | None
-    max_restarts: int
-    monitor_interval: float
-    log_line_prefix_template: str
-    rdzv_backend: str
-    rdzv_conf: dict
-    rdzv_id: str
-    cpu_threads: int
-    port_note: str = ""
-    memory_limit: int = 0  # bytes per worker; 0: none
-    batch_sizes: dict | None = None  # find_executable_batch_size sizes agreed after an out-of-memory restart
-    debug: bool | None = None  # None: each worker follows ACCELERATE_DEBUG_MODE as its function sets it
-    results: str = "auto"  # which ranks' return values come back (see results.py)
-    hang_warning: float | None = 30.0  # the stall watchdog's quiet seconds before a hang notice; None: off
-    in_workers: bool = False  # even one rank in a worker (a launch across hosts: its events carry the result)
-    xla: XlaLayout | None = None  # device "xla": the devices torch_xla runs (one rank each)
-
-    @property
-    def runs_in_kernel(self) -> bool:
-        """One process on one node: the function runs in the kernel itself (never on XLA: the kernel must not
-        start the XLA runtime, or no later launch could)."""
-        return self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers and self.device != "xla"
-
-    @property
-    def spawns_workers(self) -> bool:
-        return self.start_method == "spawn" and not self.runs_in_kernel
-
-    @property
-    def world_size(self) -> int:
-        return self.num_nodes * self.num_processes
-
-    def global_rank(self, local_rank: int) -> int:
-        return self.node_rank * self.num_processes + local_rank
-
-    def env_for(self, local_rank: int) -> dict:
-        """The torch.distributed and Accelerate environment of one rank."""
-        env = {
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            "RANK": str(self.global_rank(local_rank)),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.num_processes),
-            "GROUP_RANK": str(self.node_rank),
-            "NODE_RANK": str(self.node_rank),
-            "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
-        }
-        if self.debug is not None:
-            env["ACCELERATE_DEBUG_MODE"] = "true" if self.debug else "false"  # Accelerate reads it too
-        if self.batch_sizes:
-            env["NOTEBOOK_LAUNCHER_BATCH_SIZES"] = json.dumps(self.batch_sizes)
-        if self.xla is not None:
-            env.update(self.xla.env)
-        if self.device == "cpu":
-            env["ACCELERATE_USE_CPU"] = "true"
-            if self.cpu_threads:
-                env["OMP_NUM_THREADS"] = str(self.cpu_threads)
-        return env
-
-    def describe(self) -> str:
-        """The one line the kernel prints before starting: what, where, and why this start method."""
-        where = f"{self.num_processes} process{'es' if self.num_processes != 1 else ''}"
-        if self.xla is not None:
-            where = f"{self.num_processes} ordinal{'s' if self.num_processes != 1 else ''} ({self.xla.describe()})"
-        if self.num_nodes > 1:
-            where += f" on node {self.node_rank} of {self.num_nodes} (world size {self.world_size})"
-        return (f"{where} on {self.device} ({self.backend}), "
-                f"start method {self.start_method}: {self.start_method_reason}"
-                + (f"; {self.port_note}" if self.port_note else ""))
 
 
 def make_plan(function, args=(), *, in_workers: bool = False, **keywords) -> LaunchPlan:
@@ -190,9 +105,7 @@ def make_plan(function, args=(), *, in_workers: bool = False, **keywords) -> Lau
         num_processes = _num_processes(given.num_processes, device)
     backend = _backend(backend, device)
     start_method, reason = choose_start_method(start_method, device)
-    cpu_threads = 0  # torch's default, or what OMP_NUM_THREADS says
-    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        cpu_threads = max(1, _cpu_count() // num_processes)
+    cpu_threads = _cpu_threads(device, num_processes)
     return LaunchPlan(
         function=function, args=tuple(args), num_processes=num_processes, num_nodes=num_nodes,
         node_rank=node_rank, device=device, backend=backend, start_method=start_method,
@@ -206,6 +119,30 @@ def make_plan(function, args=(), *, in_workers: bool = False, **keywords) -> Lau
         debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers,
         hang_warning=hang_warning, xla=xla,
     )
+
+
+def plan_on_agent(carried: dict, function, args, master_addr: str, master_port: int) -> LaunchPlan:
+    """One host's plan in a launch across hosts: the kernel's, as ``LaunchPlan.for_agent`` carried it, with what
+    depends on this host decided and checked here (its GPUs, limits, memory, CPU threads, XLA devices; fork, as
+    nothing initialized CUDA in the agent; node 0's address and port; the agents meet there, statically)."""
+    device, num_processes = carried["device"], carried["num_processes"]
+    xla = xla_layout(num_processes) if device == "xla" else None
+    if xla is None:
+        _num_processes(num_processes, device)
+    parse_memory_limit(carried["memory_limit"] or None)
+    start_method, reason = choose_start_method("fork", device)
+    decided = dict(function=function, args=tuple(args), start_method=start_method, start_method_reason=reason,
+                   cpu_threads=_cpu_threads(device, num_processes), xla=xla, master_addr=master_addr,
+                   master_port=master_port, requested_port=master_port, rdzv_backend="static",
+                   in_workers=True)
+    return LaunchPlan.from_agent(carried, **decided)
+
+
+def _cpu_threads(device: str, num_processes: int) -> int:
+    """OMP threads per CPU rank: this host's cores shared out (0: torch's default, or what OMP_NUM_THREADS says)."""
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        return max(1, _cpu_count() // num_processes)
+    return 0
 
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -282,10 +219,13 @@ def _positive_number(name: str, value) -> float:
 def _num_processes(value, device: str) -> int:
     gpus = cuda_device_count() if device == "cuda" else 0
     available = f"{gpus} CUDA GPU(s)" if device == "cuda" else f"{_cpu_count()} CPU core(s)"
-    if value is None:
-        raise LaunchArgumentError(
-            f"num_processes is None: say how many ranks to start, e.g. num_processes=2 (this machine has "
-            f"{available})")
+    if value is None:  # (on XLA, the device count: xla_layout)
+        if device == "cpu":
+            return _num_processes(DEFAULT_CPU_RANKS, device)
+        if not gpus:
+            raise LaunchArgumentError("num_processes=None on device='cuda' means one rank per GPU, but no CUDA GPU "
+                                      "is visible here: pass device='cpu' (or 'auto'), or check CUDA_VISIBLE_DEVICES")
+        value = gpus
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"num_processes must be an int such as 2, got {type(value).__name__}: {value!r}")
     if value < 1:
@@ -426,6 +366,14 @@ def choose_start_method(requested: str, device: str) -> tuple[str, str]:
     if unsafe:
         return "spawn", f"fork is not safe here ({unsafe})"
     return "fork", "safe here" + (" (CUDA not initialized in this kernel)" if device == "cuda" else "")
+
+
+def spawns(requested: str, device: str) -> bool:
+    """Whether a launch with these ``start_method`` and ``device`` keywords would spawn (and so pickle what its
+    function uses): asked before the launch by ``%%accelerate``, to name an unpicklable notebook name."""
+    if requested != "auto":
+        return requested == "spawn"
+    return choose_start_method("auto", detect_device() if device == "auto" else device)[0] == "spawn"
 
 
 def _suspects_note() -> str:

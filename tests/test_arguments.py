@@ -21,7 +21,6 @@ def no_process_may_start():
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
-    ({"num_processes": None}, LaunchArgumentError, ["num_processes is None", "num_processes=2"]),
     ({"num_processes": 0}, LaunchArgumentError, ["num_processes=0", "1 or more"]),
     ({"num_processes": -2}, LaunchArgumentError, ["num_processes=-2"]),
     ({"num_processes": 2.0}, TypeError, ["num_processes must be an int"]),
@@ -87,6 +86,23 @@ def test_more_gpu_ranks_than_gpus_with_fake_gpu_count(monkeypatch):
     monkeypatch.setattr(planning, "cuda_device_count", lambda: 1)
     with pytest.raises(LaunchArgumentError, match=r"num_processes=2 asks for more GPU ranks than the 1 CUDA GPU"):
         notebook_launcher(noop, num_processes=2, device="cuda")
+
+
+def test_num_processes_none_is_two_ranks_on_cpu():
+    assert planning.make_plan(noop, device="cpu").num_processes == 2
+    assert planning.make_plan(noop, device="cpu", num_processes=None).world_size == 2
+
+
+def test_num_processes_none_is_one_rank_per_gpu_with_fake_gpu_count(monkeypatch):
+    monkeypatch.setattr(planning, "cuda_device_count", lambda: 3)
+    plan = planning.make_plan(noop, device="cuda")
+    assert plan.num_processes == 3 and plan.backend == "nccl"
+
+
+def test_num_processes_none_on_cuda_without_a_gpu_with_fake_gpu_count_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(planning, "cuda_device_count", lambda: 0)
+    with pytest.raises(LaunchArgumentError, match=r"num_processes=None on device='cuda' .* no CUDA GPU .*device='cpu'"):
+        notebook_launcher(noop, device="cuda")
 
 
 def test_fork_refused_with_fake_cuda_already_initialized_names_the_culprit(monkeypatch):

@@ -44,6 +44,8 @@ CELLS = {
              "print(f'plain line from {dist.get_rank()}')\nanswer = 42"),
     "help": "print(get_ipython().find_cell_magic('accelerate').__doc__)",
     "doctor": "%accelerate_doctor -n 2",
+    "default_count": ("%%accelerate --text --device cpu --no-return\nimport torch.distributed as dist\n"
+                      "print('world size', dist.get_world_size())"),
     "children": "import psutil; print('children', len(psutil.Process().children(recursive=True)))",
 }
 
@@ -133,6 +135,12 @@ def test_without_text_the_cell_shows_the_live_panel(executed):
               if output["output_type"] == "display_data" and PANEL_MIME in output["data"]]
     assert len(panels) == 1 and panels[0]["data"][PANEL_MIME]["status"] == "finished"
     assert "[rank 0] rank 0 done" in panels[0]["data"]["text/plain"]
+
+
+def test_without_num_processes_the_cell_runs_on_two_cpu_ranks_as_the_keyword_says(executed):
+    lines = text(executed["default_count"]).splitlines()
+    assert lines[0].startswith("notebook_launcher: 2 processes on cpu (gloo)")
+    assert sorted(line for line in lines if "world size" in line) == ["[rank 0] world size 2", "[rank 1] world size 2"]
 
 
 def test_help_lists_the_options(executed):

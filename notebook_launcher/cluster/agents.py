@@ -116,10 +116,7 @@ class Cluster:
         if self.start.node_addresses is not None:  # node 0's ranks serve the store on the address it is known by
             extra["node_address"] = self.start.node_addresses[node.node_rank]
         return {**extra, "payload_bytes": len(self.payload), "node_rank": node.node_rank,
-                "num_nodes": len(self.nodes), "num_processes": plan.num_processes, "master_addr": self.nodes[0].host,
-                "requested_port": plan.requested_port, "device": plan.device, "backend": plan.backend,
-                "timeout": plan.timeout, "debug": plan.debug, "mixed_precision": plan.mixed_precision,
-                "memory_limit": plan.memory_limit, "batch_sizes": plan.batch_sizes or {}, "results": plan.results}
+                "requested_port": plan.requested_port, "plan": plan.for_agent(node.node_rank)}
 
     def _start(self, node: RemoteNode) -> None:
         """Over pipes: this host's own process (its ssh), whose stdin/stdout are its agent's channel."""

@@ -215,23 +215,13 @@ def _load(payload: bytes):
 
 def _launch(function, args, config: dict, master: dict, writer: SignedWriter, reservation) -> int:
     from ..errors import LaunchTimeoutError, RankFailedError
-    from ..plan import make_plan
+    from ..plan import plan_on_agent
     from . import launch
 
     if reservation is not None:
         reservation.close()  # rank 0's store binds it next
-    if config.get("batch_sizes"):  # the sizes agreed after an out-of-memory error; the forked ranks read them
-        from ..rank.memory import BATCH_SIZES_ENV_VAR
-
-        os.environ[BATCH_SIZES_ENV_VAR] = json.dumps(config["batch_sizes"])
     try:
-        plan = make_plan(function=function, args=args, num_processes=config["num_processes"],
-                         num_nodes=config["num_nodes"], node_rank=config["node_rank"],
-                         master_addr=master["master_addr"], use_port=str(master["master_port"]),
-                         mixed_precision=config["mixed_precision"], device=config["device"],
-                         backend=config["backend"], timeout=config["timeout"], debug=config["debug"],
-                         memory_limit=config["memory_limit"] or None, start_method="fork",
-                         results=config.get("results", "auto"), in_workers=True)
+        plan = plan_on_agent(config["plan"], function, args, master["master_addr"], int(master["master_port"]))
         launch(plan, ForwardingDisplay(writer), single_attempt=True)  # the launching kernel decides new tries
     except RankFailedError:
         return 1  # its events (failures, exits) are already on their way
