@@ -7,7 +7,9 @@ import random
 import resource
 import signal
 import struct
+import subprocess
 import sys
+import textwrap
 import time
 
 import psutil
@@ -370,3 +372,19 @@ def test_results_keep_views_dtypes_and_metadata():
     assert back["view"].untyped_storage().data_ptr() == back["base"].untyped_storage().data_ptr()
     assert back["state"]._metadata == value["state"]._metadata and back["text"] == "ok"
     assert unpack_result(data, attachment)["base"].tolist() == base.tolist()  # as one buffer (an agent's)
+
+
+# -- cells named in what a rank sends: linear in its length --------------------------------------------------------
+def test_naming_cells_in_a_megabyte_of_hostile_text_takes_one_pass():
+    """An exception's message is the rank's to choose: a megabyte of path characters, or of `File "`, once made the
+    kernel's cell naming quadratic (minutes). In a fresh process with IPython loaded (where naming runs), with a
+    bound a thousand times what one linear pass takes here."""
+    code = textwrap.dedent("""
+        import IPython
+        from notebook_launcher.schema.cells import cell_names
+        for text in ["h" * 1_000_000, 'File "' * 200_000, "a.py" * 250_000, "x " * 500_000]:
+            assert cell_names(text) == text
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

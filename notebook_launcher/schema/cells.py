@@ -10,8 +10,11 @@ from __future__ import annotations
 import re
 import sys
 
-_CELL_REFERENCE = re.compile(r'File "(?P<quoted>[^"]+)", line (?P<line>\d+)|(?P<bare>[^\s"\'(]+\.py|'
-                             r'<accelerate cell In\[\d+\]>):(?P<at>\d+)')
+# Linear in the text, whatever a rank sends (an exception's message is untrusted): a bare path is tried only where
+# a token starts (the lookbehind), so a long run of path characters is one try, not one per character; a quoted
+# path ends at its line's end and is at most 4,096 characters long.
+_CELL_REFERENCE = re.compile(r'File "(?P<quoted>[^"\n]{1,4096})", line (?P<line>\d+)|'
+                             r'(?P<bare>(?<![^\s"\'(])[^\s"\'(]+\.py|<accelerate cell In\[\d+\]>):(?P<at>\d+)')
 _MAGIC_CELL = re.compile(r"<accelerate cell In\[(\d+)\]>")  # a %%accelerate cell (magic.py names it so)
 
 
