@@ -215,7 +215,8 @@ def _assert_hello_panel(outputs) -> None:
         assert [(line["kind"], line["text"]) for line in column["lines"]] == [
             ("stdout", f"line {i} of rank {rank}") for i in range(5)] + [("stderr", f"a warning from rank {rank}")]
     plain = outputs[0].data["text/plain"].splitlines()  # what nbconvert --to markdown shows
-    assert plain[0].startswith("notebook_launcher run ") and ": finished, 2 ranks on cpu (gloo, " in plain[0]
+    assert plain[0].startswith("Finished in ")  # the verdict first, then the run's line
+    assert plain[1].startswith("notebook_launcher run ") and ": finished, 2 ranks on cpu (gloo, " in plain[1]
     for rank in (0, 1):
         assert [line for line in plain if line.startswith(f"[rank {rank}] line ")] == [
             f"[rank {rank}] line {i} of rank {rank}" for i in range(5)]
