@@ -15,6 +15,7 @@ import sys
 import nbformat
 import pytest
 from browser import OUTPUT_DIR, chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
+from cells import hang_cell
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
@@ -23,23 +24,7 @@ EXTENSION = "notebook-launcher-panel"
 FALLBACK = ".jp-OutputArea-output .nl-run-static"
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
 
-HANG_CELL = '''\
-import torch
-import torch.distributed as dist
-from notebook_launcher import LaunchTimeoutError, notebook_launcher
-
-def skips_an_all_reduce():
-    for _ in range(5):
-        dist.all_reduce(torch.ones(1))
-    if dist.get_rank() == 0:
-        dist.all_reduce(torch.ones(1))  # rank 1 never joins it
-    dist.barrier()
-
-try:
-    notebook_launcher(skips_an_all_reduce, num_processes=2, device="cpu", hang_warning=5, timeout=30)
-except LaunchTimeoutError:
-    print("timed out as expected")
-'''
+HANG_CELL = hang_cell(warm_up=5, hang_warning=5, timeout=30)
 
 STEADY_CELL = '''\
 import time

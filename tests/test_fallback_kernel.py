@@ -8,25 +8,10 @@ import json
 import os
 
 import pytest
+from cells import hang_cell
 from test_kernel import PANEL_MIME, _messages, running_kernel
 
-HANG_CELL = '''\
-import torch
-import torch.distributed as dist
-from notebook_launcher import LaunchTimeoutError, notebook_launcher
-
-def skips_an_all_reduce():
-    for _ in range(2):
-        dist.all_reduce(torch.ones(1))
-    if dist.get_rank() == 0:
-        dist.all_reduce(torch.ones(1))  # rank 1 never joins it
-    dist.barrier()
-
-try:
-    notebook_launcher(skips_an_all_reduce, num_processes=2, device="cpu", hang_warning=3, timeout=18)
-except LaunchTimeoutError:
-    print("timed out as expected")
-'''
+HANG_CELL = hang_cell(warm_up=2, hang_warning=3, timeout=18)
 
 
 @pytest.mark.slow
