@@ -122,7 +122,7 @@ class RankDisplays:
             self.left_out += 1
             return
         self.sent += 1
-        self.sent_bytes += _wire_size(payload.get("data")) + _wire_size(payload.get("metadata"))  # what goes out
+        self.sent_bytes += payload.pop("_sent", 0)  # what goes out (measured once, by _payload)
         try:
             self._emit(DISPLAY, payload)
         except (TypeError, ValueError):  # a value marshal refuses, after all: its text alone
@@ -146,11 +146,12 @@ class RankDisplays:
         metadata = {key: value for key, value in (_wire(metadata) or {}).items() if key in bundle} \
             if isinstance(metadata, dict) else {}
         size = _wire_size(bundle) + _wire_size(metadata)  # what it would send: every MIME type and the metadata
+        cut = False
         if size > MAX_BUNDLE_BYTES or self.sent_bytes + size > MAX_RANK_BYTES:
             text = str(bundle.get("text/plain", ""))
             omitted += [mime for mime in bundle if mime != "text/plain"]
             bundle, metadata = {"text/plain": text[:MAX_TEXT]}, {}
-            self.cut += 1
+            self.cut, cut = self.cut + 1, True
         if not data_within_bounds({"data": bundle, "metadata": metadata}):  # (the kernel's reader would refuse it)
             beyond = [mime for mime in bundle if mime != "text/plain"]
             if not self.bounds_noted:
@@ -159,8 +160,9 @@ class RankDisplays:
             omitted += beyond
             text = bundle.get("text/plain")
             bundle, metadata = {"text/plain": text[:MAX_TEXT] if isinstance(text, str) else ""}, {}
-            self.cut += 1
-        return {"data": bundle, "metadata": metadata, "omitted": omitted[:MAX_OMITTED], "bytes": size}
+            self.cut, cut = self.cut + 1, True
+        sent = _wire_size(bundle) if cut else size  # a cut one goes as its text alone
+        return {"data": bundle, "metadata": metadata, "omitted": omitted[:MAX_OMITTED], "bytes": size, "_sent": sent}
 
     def summary(self) -> str:
         """One line about what the bounds left out, or ""."""
