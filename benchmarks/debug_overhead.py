@@ -83,7 +83,7 @@ def _sweep(make_calls, switch, sizes, reps: int) -> dict:
 
 
 def _ours_calls(operation: str, size: int):
-    from notebook_launcher.rank import ops
+    from notebook_launcher.rank import collectives as ops
 
     tensor = torch.arange(size, dtype=torch.float32)
     if operation == "gather":

@@ -70,7 +70,7 @@ from common import (
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import RankFailedError, notebook_launcher
-from notebook_launcher.cluster import agents as cluster_module
+from notebook_launcher.cluster import coordinator as cluster_module
 from notebook_launcher.cluster import remote as remote_module
 
 RESULTS_PATH = os.path.join(HERE, "results", "hosts_launch.json")

@@ -5,7 +5,7 @@
 """
 
 from ._version import __version__
-from .doctor import doctor, env_report, same_effective_batch, set_seed
+from .doctor import doctor, env_report, same_effective_batch
 from .errors import (
     HostFailedError,
     LaunchArgumentError,
@@ -28,6 +28,7 @@ from .ops import (
 from .rank.logging import get_logger
 from .rank.memory import find_executable_batch_size, free_memory, release_memory, should_reduce_batch_size
 from .rank.progress import report
+from .rank.seeding import set_seed
 from .rank.triggers import check_trigger, set_trigger
 from .runs import Run, inspect_run, last_run, recent_runs
 from .schema.runlog import read_run_log

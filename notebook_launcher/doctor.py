@@ -1,4 +1,4 @@
-"""The troubleshooting guide as automatic checks: ``doctor()``, ``env_report()``, ``set_seed()``.
+"""The troubleshooting guide as automatic checks: ``doctor()``, ``env_report()``.
 
 Each check gives a verdict (ok / warning / problem), what it found, and the fix. Also as ``%accelerate_doctor`` in
 a notebook and ``python -m notebook_launcher doctor`` (``... env`` for the report to paste into a bug report).
@@ -221,28 +221,6 @@ def same_effective_batch(per_device_batch: int, num_processes: int, learning_rat
     new_effective = new_per_device * new_num_processes * new_gradient_accumulation_steps
     return {"per_device_batch": new_per_device, "learning_rate": learning_rate * new_effective / effective,
             "effective_batch": new_effective, "exact": new_effective == effective}
-
-
-def set_seed(seed: int, deterministic: bool = False) -> None:
-    """Seed Python's random, numpy and torch (every device) in this process; call it inside the launched
-    function so every rank is seeded. ``deterministic`` also asks torch for deterministic algorithms."""
-    import random
-
-    import torch
-
-    random.seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
-    torch.manual_seed(seed)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.manual_seed_all(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def env_report() -> str:

@@ -4,7 +4,7 @@ of the wrong type is a plain ``TypeError``, an unwritable run log folder an ``OS
 Each also subclasses the built-in a user would expect (a bad argument is a ``ValueError``, a timeout a
 ``TimeoutError``), so existing ``except`` clauses keep working. The messages are written where the error is
 raised; the classes only carry what a caller may want to inspect (the ``Run``, the root-cause rank).
-``DistributedOperationException``, which ranks raise, is one of them too (the base lives in ``schema/errors.py``,
+``DistributedOperationException``, which ranks raise, is one of them too (the base lives in ``schema/error_base.py``,
 which the rank side may import).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from .schema.errors import NotebookLauncherError
+from .schema.error_base import NotebookLauncherError
 from .schema.wiretext import wire_text
 
 

@@ -1,9 +1,9 @@
 """The collective helpers of Accelerate's ``accelerate.utils.operations`` that a launched function calls
 (``from notebook_launcher.ops import gather``): in debug mode each first checks that every rank agrees, and a
 mismatch raises ``DistributedOperationException`` on every rank with each process's shape. They run on the rank
-side (``rank/ops.py``); this module is their public name."""
+side (``rank/collectives.py``); this module is their public name."""
 
-from .rank.ops import (
+from .rank.collectives import (
                        DistributedOperationException,
                        broadcast,
                        broadcast_object_list,

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from notebook_launcher.display.state import RunState
-from notebook_launcher.launchers.attempts import RestartPolicy
 from notebook_launcher.launchers.intake import AttemptEvents
+from notebook_launcher.launchers.restarts import RestartPolicy
 from notebook_launcher.plan import make_plan
 from notebook_launcher.runs import Run
 from notebook_launcher.schema.events import EXIT, FAILURE, LOG, OOM_RETRY, RESTART, STATUS, STREAM, Event

@@ -270,7 +270,7 @@ def test_ops_work_under_torchrun(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
         import sys, torch, torch.distributed as dist
-        from notebook_launcher.rank import ops
+        from notebook_launcher.rank import collectives as ops
         dist.init_process_group("gloo")
         rank = dist.get_rank()
         result = f"gathered {ops.gather(torch.tensor([rank])).tolist()} sum {ops.reduce(torch.ones(1)).item()}"

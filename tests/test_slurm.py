@@ -398,7 +398,7 @@ def test_slurm_options_need_srun():
 
 
 def test_slurm_counts_and_options():
-    from notebook_launcher.cluster.slurm import allocation_options, expand_counts
+    from notebook_launcher.cluster.slurm_job import allocation_options, expand_counts
 
     assert expand_counts("2(x3),1") == [2, 2, 2, 1]
     assert allocation_options(["--nodes=2"], 2, "cpu") == ["--nodes=2", "--ntasks-per-node=2"]
@@ -432,7 +432,7 @@ def _scancel_calls(log: str) -> list[list[str]]:
 
 def test_hostile_squeue_output_with_fake_squeue_on_path(slurm, tmp_path):
     """Only ids of steps of ours in the job reach scancel, after ``--``; non-UTF-8 lines are no error."""
-    from notebook_launcher.cluster.slurm import STEP_NAME, cancel_steps
+    from notebook_launcher.cluster.slurm_job import STEP_NAME, cancel_steps
 
     done = slurm.run(["salloc", "-N1", "--no-shell"])  # a real job to cancel steps in
     job = re.search(r"Granted job allocation (\d+)", done.stderr).group(1)
@@ -462,7 +462,7 @@ def test_hostile_slurm_job_id_in_the_environment_with_fake_scancel_on_path(slurm
 
 
 def test_non_utf8_scontrol_output_with_fake_scontrol_on_path(slurm, tmp_path):
-    from notebook_launcher.cluster.slurm import node_addresses
+    from notebook_launcher.cluster.slurm_job import node_addresses
 
     scontrol = "\"$REAL\" \"$@\"; code=$?\nprintf 'NodeName=\\377n3 NodeAddr=\\376\\n'; exit $code"
     with _fake_commands(tmp_path, scontrol=scontrol):
@@ -472,7 +472,7 @@ def test_non_utf8_scontrol_output_with_fake_scontrol_on_path(slurm, tmp_path):
 def test_a_node_list_longer_than_a_command_line_is_read(slurm):
     """300,000 node names (no two alike, so nothing to compress) in SLURM_JOB_NODELIST: the job is read, and
     the nodes' addresses asked of scontrol; node lists expand as ``scontrol show hostnames`` does."""
-    from notebook_launcher.cluster.slurm import hostnames, job_from_env, node_addresses
+    from notebook_launcher.cluster.slurm_job import hostnames, job_from_env, node_addresses
 
     names = [f"gpu{index}-{index * 7919 % 100_003}" for index in range(300_000)]
     job = job_from_env({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": ",".join([*names, "n[1-2]"]),
@@ -484,7 +484,7 @@ def test_a_node_list_longer_than_a_command_line_is_read(slurm):
 
 
 def test_a_slurm_command_that_does_not_answer_is_killed_with_its_children(tmp_path):
-    from notebook_launcher.cluster.slurm import SlurmError, run_slurm
+    from notebook_launcher.cluster.slurm_job import SlurmError, run_slurm
 
     command = tmp_path / "squeue"
     command.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path / 'child'}\nwait\n")

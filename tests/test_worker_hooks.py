@@ -13,7 +13,7 @@ from notebook_launcher import (
     report,
     set_trigger,
 )
-from notebook_launcher.rank import ops  # (any_rank: the rank side's own collective)
+from notebook_launcher.rank import collectives as ops  # (any_rank: the rank side's own collective)
 
 TRIGGER = "notebook_launcher.check_trigger"
 

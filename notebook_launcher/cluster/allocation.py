@@ -28,7 +28,7 @@ import subprocess
 import time
 
 from ..errors import LaunchArgumentError
-from .slurm import STEP_NAME, SlurmError, SlurmJob, checked_id, job_from_fields, run_slurm, scancel, slurm_env
+from .slurm_job import STEP_NAME, SlurmError, SlurmJob, checked_id, job_from_fields, run_slurm, scancel, slurm_env
 
 _MARK = "NOTEBOOK-LAUNCHER-ALLOCATION"
 HOLDER = (f'printf "{_MARK} %s %s %s\\n" "$SLURM_JOB_ID" "$SLURM_JOB_NODELIST" "$SLURM_JOB_CPUS_PER_NODE"; '

@@ -247,7 +247,7 @@ def resolve_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, start_host
         raise LaunchArgumentError(f"start_hosts_with={start_hosts_with!r}: use 'ssh' (the default), 'mpirun' or "
                                   f"'srun' (Slurm)")
     if start_hosts_with == "srun":
-        from .slurm import resolve_srun_hosts
+        from .slurm_job import resolve_srun_hosts
 
         return resolve_srun_hosts(hosts, hostfile, num_nodes, node_rank, ssh_options, mpirun_options, slurm_options)
     if slurm_options is not None:

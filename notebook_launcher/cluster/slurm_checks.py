@@ -6,7 +6,7 @@ import os
 import shutil
 
 from .remote import OK, PROBLEM, WARNING, Check
-from .slurm import SlurmError, gpus_per_node, job_from_env, run_slurm
+from .slurm_job import SlurmError, gpus_per_node, job_from_env, run_slurm
 
 
 def slurm_checks() -> list[Check]:

@@ -1,5 +1,5 @@
 """How the agents of a launch across hosts start (``start_hosts_with``): one small class per way, behind
-``AgentStart``; ``agents.Cluster`` runs whichever it is given and keeps what every way shares (the agents'
+``AgentStart``; ``coordinator.Cluster`` runs whichever it is given and keeps what every way shares (the agents'
 settings, their signed events, the stop, the teardown).
 
 Two shapes: over its own pipes (ssh: one process per host whose stdin/stdout are that agent's channel, the run's
@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..errors import HostFailedError
 from .remote import SSH_FIX, check_ssh, mpirun_command, mpirun_problem, ssh_command
-from .slurm import ARG_MAX, STEP_NAME, SlurmError, SlurmJob, gpus_per_node, node_addresses, slurm_env
+from .slurm_job import ARG_MAX, STEP_NAME, SlurmError, SlurmJob, gpus_per_node, node_addresses, slurm_env
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class MpirunStart(AgentStart):
 
 
 class SrunStart(AgentStart):
-    """How ``agents.Cluster`` starts the agents with srun: one task per node of ``hosts``, a step of ``job``; each
+    """How ``coordinator.Cluster`` starts the agents with srun: one task per node of ``hosts``, a step of ``job``; each
     agent connects back, and node 0's ranks serve the store on the address Slurm reaches that node on."""
 
     name = "srun"

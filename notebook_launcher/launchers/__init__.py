@@ -7,7 +7,7 @@ events, policy)`` runs every attempt and returns rank 0's result or raises.
 - ``slurm``: the same, the agents started by srun as a step of a Slurm job;
 - ``in_kernel``: one process, in the kernel itself.
 
-``intake.AttemptEvents`` takes every event of an attempt and ``attempts.RestartPolicy`` decides new attempts for
+``intake.AttemptEvents`` takes every event of an attempt and ``restarts.RestartPolicy`` decides new attempts for
 all of them; ``driver.launch`` picks the mechanism (``choose_launcher``) and tells the story's end.
 """
 

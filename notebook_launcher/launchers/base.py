@@ -12,8 +12,8 @@ from typing import Any, Protocol
 from ..display import Display
 from ..plan import LaunchPlan
 from ..runs import Run
-from .attempts import RestartPolicy
 from .intake import AttemptEvents
+from .restarts import RestartPolicy
 
 
 class Launcher(Protocol):

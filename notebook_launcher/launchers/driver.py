@@ -20,13 +20,13 @@ from ..plan import LaunchPlan
 from ..runs import Run, remember
 from ..schema.runlog import RunLog
 from ..schema.status import RunStatus
-from .attempts import RestartPolicy
 from .base import Launcher
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
 from .intake import AttemptEvents
 from .local import LocalLauncher
 from .payload import spawn_payload
+from .restarts import RestartPolicy
 
 _kernel_checked = False
 

@@ -1,5 +1,5 @@
 """Ranks on several hosts from one notebook (``hosts=`` or ``hostfile=``): an agent per host, started over SSH
-or by mpirun (``cluster/starts.py``, chosen here by ``agent_start``) and run by ``cluster.agents.Cluster``, whose
+or by mpirun (``cluster/starts.py``, chosen here by ``agent_start``) and run by ``cluster.coordinator.Cluster``, whose
 signed events join this kernel's pipeline like local ranks' events."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster.agents import STOP_GRACE_S, Cluster
+from ..cluster.coordinator import STOP_GRACE_S, Cluster
 from ..cluster.starts import AgentStart, MpirunStart, SshStart
 from ..display import Display
 from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
@@ -16,9 +16,9 @@ from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message
-from .attempts import RestartPolicy
 from .base import Launcher
 from .intake import AttemptEvents
+from .restarts import RestartPolicy
 
 
 @dataclass

@@ -9,9 +9,9 @@ from ..display import Display
 from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.status import RunStatus
-from .attempts import RestartPolicy
 from .base import Launcher
 from .intake import AttemptEvents
+from .restarts import RestartPolicy
 
 
 class InKernelLauncher(Launcher):

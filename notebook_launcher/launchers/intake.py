@@ -7,7 +7,7 @@ exits, results, restarts, hang notices) is kept whatever the bound. What goes pa
 only, and one note at the run's end says how much and how to read it (``note_left_out``).
 
 The launchers pass each event here as it is read (``AttemptEvents.on_event``, ``on_lines``); whether another
-attempt follows is the restart policy's (``attempts.RestartPolicy``), which announces it here too.
+attempt follows is the restart policy's (``restarts.RestartPolicy``), which announces it here too.
 """
 
 from __future__ import annotations

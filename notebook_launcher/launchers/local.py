@@ -24,9 +24,9 @@ from ..schema.status import RunStatus, StopReason
 from ..supervision.failure import failure_message, hang_message, user_stacks
 from ..supervision.supervisor import Supervisor, SupervisorOutcome
 from ..xla_devices import import_xla_multiprocessing
-from .attempts import RestartPolicy
 from .base import Launcher
 from .intake import AttemptEvents
+from .restarts import RestartPolicy
 
 
 class LocalLauncher(Launcher):

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ..cluster.allocation import Allocation
-from ..cluster.slurm import (
+from ..cluster.slurm_job import (
     SlurmError,
     SlurmJob,
     allocation_options,
@@ -27,10 +27,10 @@ from ..errors import HostFailedError, LaunchArgumentError, LaunchTimeoutError
 from ..plan import LaunchPlan
 from ..runs import Run
 from ..schema.status import RunStatus
-from .attempts import RestartPolicy
 from .base import Launcher
 from .hosts import HostSettings, HostsLauncher
 from .intake import AttemptEvents
+from .restarts import RestartPolicy
 
 STEP_NOTICE_S = 60.0  # a step that has started no rank in this long is said (srun may wait without a word)
 

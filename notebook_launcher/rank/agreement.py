@@ -3,7 +3,7 @@ when the rows differ.
 
 A row: operation code, dtype code, ndim, detail (reduce op, src or dst), MAX_DIMS sizes, and last whether this
 rank can carry its tensor with the row. Integers of a fixed count, so the ranks compare them in one small
-all_gather without pickling (``ops.check_agreement`` runs it; this module encodes, lays out and explains).
+all_gather without pickling (``collectives.check_agreement`` runs it; this module encodes, lays out and explains).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ RAW_COLLECTIVES = {
     "scatter_object_list": ("scatter_object_output_list", "op"),
     "monitored_barrier": (None, "op"),
 }
-# those added after ops' own names and check_trigger: their codes come after them (below)
+# those added after collectives' own names and check_trigger: their codes come after them (below)
 _ADDED_LATER = ("all_gather_coalesced", "all_reduce_coalesced", "_all_gather_base", "_reduce_scatter_base",
                 "all_to_all", "gather_object", "scatter_object_list", "monitored_barrier")
 # Every checked collective's name; its index is the row's operation code. A new collective adds its name at the

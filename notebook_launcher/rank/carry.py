@@ -1,5 +1,6 @@
 """Debug mode's one-round collectives: a small all_reduce, all_gather or broadcast finished from every rank's
-tensor, carried in the check's rows (``ops.check_agreement``), only where the result is bit for bit the backend's.
+tensor, carried in the check's rows (``collectives.check_agreement``), only where the result is bit for bit the
+backend's.
 
 Where it might not be, the call goes to torch as without debug mode (a second round): arguments torch refuses
 (its own error, then), a non-contiguous tensor (gloo reduces such a tensor its own way), half precision (the

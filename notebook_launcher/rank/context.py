@@ -1,7 +1,7 @@
 """What a launched rank's hooks share, in one object set by the worker: its event writer, its progress record
 (where it is, for hang diagnosis), the launch's debug mode and whether it has peers.
 
-The hooks (``ops``, ``memory``, ``progress``, ``triggers``, ``balance_meter``, ``logging``, ``ddp_watch``) read
+The hooks (``collectives``, ``memory``, ``progress``, ``triggers``, ``balance_meter``, ``logging``, ``ddp_watch``) read
 ``context.current`` when they run, so the order they are installed in does not matter. Outside a launch it is
 ``OUTSIDE``: nothing is sent, nothing recorded, and ``find_executable_batch_size`` retries locally.
 """

@@ -1,7 +1,7 @@
 """DDP's own collectives in the rank's progress record, so a hang inside DDP says where it is.
 
 ``torch.nn.parallel.DistributedDataParallel`` runs its collectives in C++ (the reducer's gradient all_reduce in
-backward, the buffer broadcast in forward), out of sight of the Python-level hooks of ``ops.install``. In a
+backward, the buffer broadcast in forward), out of sight of the Python-level hooks of ``collectives.install``. In a
 launched worker, ``install()`` makes every DDP model made afterwards report them, without changing what
 DDP computes or how, and without running any Python inside the backward on most steps (a Python hook inside
 the autograd engine costs a small model several percent of its step):
@@ -48,7 +48,7 @@ on a tensor the model returns directly or in a tuple, list or dict (``ModelOutpu
 (other outputs: the step is recorded, its wait is not); "inside" covers the backward's own computation
 through the model too (the record cannot tell it from the wait); torch before 2.3 has no
 ``_engine_run_backward``: there DDP's backward is not recorded. The raw
-torch.distributed collectives DDP runs from Python inside these are not recorded or checked again by ``ops``.
+torch.distributed collectives DDP runs from Python inside these are not recorded or checked again by ``collectives``.
 ``NOTEBOOK_LAUNCHER_DDP_WATCH=0`` (or false/no/off) in the environment before the launch leaves DDP untouched.
 """
 
@@ -66,7 +66,7 @@ from torch.nn.parallel.distributed import _DDPJoinHook
 
 from ..schema.progress_record import DDP_GRADIENTS
 from . import balance_meter, context
-from .ops import call_site, set_inside
+from .collectives import call_site, set_inside
 from .work_watch import group_members
 
 ENV_VAR = "NOTEBOOK_LAUNCHER_DDP_WATCH"

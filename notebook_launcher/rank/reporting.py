@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 
-from ..schema.errors import NotebookLauncherError
+from ..schema.error_base import NotebookLauncherError
 from ..schema.events import FAILURE, RESULT, STATUS
 from .memory import OutOfMemoryRetry
 

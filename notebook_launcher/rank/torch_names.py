@@ -82,7 +82,7 @@ def _hidden_collectives() -> list[str]:
     function (an object of the user's, no ``__wrapped__``): it cannot be watched; its call still works."""
     if "torch.distributed" not in sys.modules:
         return []
-    from .ops import HIDDEN  # (imports torch.distributed, which is imported already)
+    from .collectives import HIDDEN  # (imports torch.distributed, which is imported already)
 
     return [f"torch.distributed.distributed_c10d.{name} (used by ops): replaced by an object of type "
             f"{type(value).__name__} that hides torch's function, so this collective is neither recorded nor "

@@ -14,7 +14,7 @@ In a launched worker the kernel is told which rank set the trigger and where.
 from __future__ import annotations
 
 from ..schema.events import TRIGGER
-from . import context, ops
+from . import collectives, context
 
 _flag = False  # this rank called set_trigger() since the last check
 
@@ -25,12 +25,12 @@ def set_trigger() -> None:
     _flag = True
     emit = context.current.emit  # in a launched worker the kernel hears of it at once
     if emit is not None:
-        emit(TRIGGER, {"call_site": ops.call_site()})
+        emit(TRIGGER, {"call_site": collectives.call_site()})
 
 
 def check_trigger() -> bool:
     """True on every rank if any rank called ``set_trigger()`` since the last check (and resets it)."""
     global _flag
-    fired = ops.any_rank(_flag, "notebook_launcher.check_trigger")
+    fired = collectives.any_rank(_flag, "notebook_launcher.check_trigger")
     _flag = False
     return fired

@@ -2,7 +2,7 @@
 
 ``dist.all_reduce(t, async_op=True)`` returns at once with a ``Work``; the rank waits later, in ``work.wait()``
 (or polling ``work.is_completed()``, or in ``work.get_future().wait()``). There, blocked in C++, the record
-would say nothing: so each async collective that ``ops`` records is remembered with its number, and a wait
+would say nothing: so each async collective that ``collectives`` records is remembered with its number, and a wait
 for it is recorded as waiting in that collective (``ProgressRecord.enter_wait``: "all_reduce #3, in its
 wait()"), from the moment the wait starts (for polling: the first ``is_completed()`` that said False) until it
 returns (completed: True). ``Work``'s and ``Future``'s methods are replaced on their classes, in the rank's
@@ -26,7 +26,7 @@ _Work = dist.distributed_c10d.Work
 _Future = torch._C.Future
 _pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Work or its Future -> _Launched
 _originals: dict = {}
-_site = None  # ops.call_site, given by install() (ops imports this module)
+_site = None  # collectives.call_site, given by install() (collectives imports this module)
 _MEMBERS: dict = {}  # process group -> its members bitmap
 
 
@@ -59,7 +59,8 @@ def launched(work, sequence: int, operation: str, members: bytes) -> None:
 
 
 def install(site) -> None:
-    """Waits for the works ``launched`` names are recorded; ``site()`` is the user's line (``ops.call_site``)."""
+    """Waits for the works ``launched`` names are recorded; ``site()`` is the user's line
+    (``collectives.call_site``)."""
     global _site
     _site = site
     if not _originals:

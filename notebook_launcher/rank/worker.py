@@ -28,9 +28,10 @@ import sys
 import time
 from dataclasses import replace
 
-from ..schema.events import STATUS, EventWriter, WorkerSpec
+from ..schema.events import STATUS, EventWriter
 from ..schema.proctree import become_subreaper, die_with_parent, end_own_descendants
 from ..schema.progress_record import ProgressRecord
+from ..schema.rank_spec import RankSpec
 from ..schema.results import inherit_kernel_main
 from . import balance_meter, context
 from .accelerate_state import prepare_accelerate
@@ -45,7 +46,7 @@ _RETURNED_KEY = "notebook_launcher/returned"
 _LEFT_KEY = "notebook_launcher/left"
 
 
-def run_forked(spec: WorkerSpec, function, args, inherited_fds_to_close, process_group: int = 0) -> None:
+def run_forked(spec: RankSpec, function, args, inherited_fds_to_close, process_group: int = 0) -> None:
     """Entry point in a forked child. Never returns. ``process_group``: the group made for this rank, which it
     joins without leading it (a group leader's ``os.setsid()`` fails with EPERM; the user's code may call it)."""
     exit_code = 70  # EX_SOFTWARE, if even the setup below fails
@@ -84,7 +85,7 @@ def _reset_multiprocessing_after_fork() -> None:
 
 def main_spawned() -> None:
     """Entry point of a spawned child (``python -c 'from notebook_launcher.rank.worker import main_spawned; ...'``)."""
-    spec = WorkerSpec.from_json(os.environ.pop(SPEC_ENV_VAR))
+    spec = RankSpec.from_json(os.environ.pop(SPEC_ENV_VAR))
     exit_code = 70
     try:
         exit_code = _run(spec, lambda: _load_payload(spec.payload_path))
@@ -102,7 +103,7 @@ def _load_payload(path: str):
         return pickle.load(payload)
 
 
-def _run(spec: WorkerSpec, load_function) -> int:
+def _run(spec: RankSpec, load_function) -> int:
     die_with_parent(spec.parent_pid)
     become_subreaper()  # what the user's code starts, even by a double fork, stays below this rank
     _default_signal_handlers()
@@ -127,7 +128,7 @@ def _run(spec: WorkerSpec, load_function) -> int:
     return exit_code
 
 
-def _run_rank(spec: WorkerSpec, events: EventWriter, load_function) -> int:
+def _run_rank(spec: RankSpec, events: EventWriter, load_function) -> int:
     """One rank in this process: the process group, the hooks, the function, its result or exception."""
     events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
     os.environ.update(spec.env)
@@ -157,7 +158,7 @@ def _run_rank(spec: WorkerSpec, events: EventWriter, load_function) -> int:
     return exit_code
 
 
-def _memory_limit_note(spec: WorkerSpec, exc: BaseException) -> str | None:
+def _memory_limit_note(spec: RankSpec, exc: BaseException) -> str | None:
     """An out-of-memory error in a worker with ``memory_limit`` says that the limit is what was reached."""
     from .memory import should_reduce_batch_size
 
@@ -180,7 +181,7 @@ def _default_signal_handlers() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _capture_streams(spec: WorkerSpec, events: EventWriter) -> tuple:
+def _capture_streams(spec: RankSpec, events: EventWriter) -> tuple:
     """Point fd 1/2 and sys.stdout/sys.stderr at the rank's pipes; returns the kernel's stream objects."""
     previous = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -220,13 +221,13 @@ def _install_collective_hooks() -> None:
     """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
     checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked; see
     ddp_watch, NOTEBOOK_LAUNCHER_DDP_WATCH=0: not). What they record and send is ``context.current``'s."""
-    from . import ddp_watch, ops
+    from . import collectives, ddp_watch
 
-    ops.install()
+    collectives.install()
     ddp_watch.install()
 
 
-def _limit_memory(spec: WorkerSpec) -> None:
+def _limit_memory(spec: RankSpec) -> None:
     """``memory_limit`` caps the worker's address space, so an allocation over it fails as a real CPU OOM
     (find_executable_batch_size reports each try; with peers, an out-of-memory error restarts the group)."""
     if spec.memory_limit:
@@ -237,14 +238,14 @@ def _limit_memory(spec: WorkerSpec) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-def _limit_cpu_threads(spec: WorkerSpec) -> None:
+def _limit_cpu_threads(spec: RankSpec) -> None:
     if spec.cpu_threads > 0:
         import torch
 
         torch.set_num_threads(spec.cpu_threads)
 
 
-def _init_process_group(spec: WorkerSpec) -> bool:
+def _init_process_group(spec: RankSpec) -> bool:
     """The default process group for the chosen backend (env:// from the variables the kernel set)."""
     if spec.device == "xla":
         return False

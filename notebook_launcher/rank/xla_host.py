@@ -20,8 +20,9 @@ import importlib
 import os
 import threading
 
-from ..schema.events import STATUS, EventWriter, WorkerSpec
+from ..schema.events import STATUS, EventWriter
 from ..schema.proctree import die_with_parent
+from ..schema.rank_spec import RankSpec
 from .logging import set_thread_rank
 from .reporting import call_and_report, report_failure
 
@@ -30,7 +31,7 @@ class OrdinalWriters:
     """An ``EventWriter`` per rank of the host, used as one writer: each call goes to the writer of the calling
     thread's rank (``enter``), or, in a thread that is no ordinal's, to the host's first rank."""
 
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: RankSpec):
         self.writers = {spec.rank: EventWriter(spec.events_fd, spec.rank)}
         for rank, events_fd, _stdout, _stderr in spec.ordinal_fds:
             self.writers[rank] = EventWriter(events_fd, rank)
@@ -58,7 +59,7 @@ class OrdinalWriters:
         self._writer().emit_parts(kind, data, parts)
 
 
-def run_host(spec: WorkerSpec, writers: OrdinalWriters, load_function) -> int:
+def run_host(spec: RankSpec, writers: OrdinalWriters, load_function) -> int:
     """Run every ordinal through ``xmp.spawn`` (torch_xla's device count: ``nprocs`` None); the exit code.
 
     An ordinal reports its own end; an error of torch_xla's own (a process of its pool killed, a runtime that
@@ -81,7 +82,7 @@ def run_host(spec: WorkerSpec, writers: OrdinalWriters, load_function) -> int:
 class _Ordinal:
     """What ``xmp.spawn`` calls with each ordinal, in whichever process or thread torch_xla runs it."""
 
-    def __init__(self, function, args: tuple, writers: OrdinalWriters, spec: WorkerSpec):
+    def __init__(self, function, args: tuple, writers: OrdinalWriters, spec: RankSpec):
         self.function = function
         self.args = args
         self.writers = writers

@@ -47,7 +47,7 @@ class RankProcesses:
 
     # -- start -------------------------------------------------------------------------------------------------
     def start(self, spec_for) -> list[WorkerProcess]:
-        """Every rank (or the XLA host of every ordinal), each with its ``WorkerSpec`` from ``spec_for(worker,
+        """Every rank (or the XLA host of every ordinal), each with its ``RankSpec`` from ``spec_for(worker,
         pipes)``; the workers in the order started."""
         started = start_xla_host if self.plan.xla is not None else start_each_rank
         self._orphans = Orphans()  # before any rank exists: what one leaves when it dies comes to this process

@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING
 
-from ..schema.events import WorkerSpec
+from ..schema.rank_spec import RankSpec
 from .demux import CHANNELS
 from .handles import WorkerProcess
 from .orphans import spare, unspare
@@ -58,7 +58,7 @@ class ForkStarter:
         self.function = function
         self.args = args
 
-    def start(self, spec: WorkerSpec, fds_to_close: list[int]) -> tuple[int, None]:
+    def start(self, spec: RankSpec, fds_to_close: list[int]) -> tuple[int, None]:
         """``fds_to_close``: the kernel's fds the child must not keep (other ranks' read ends, pidfds)."""
         from ..rank.worker import run_forked
 
@@ -84,7 +84,7 @@ class ForkStarter:
 class SpawnStarter:
     """A fresh interpreter that loads the function from the payload file (``spec.payload_path``)."""
 
-    def start(self, spec: WorkerSpec, fds_to_close: list[int]) -> tuple[int, subprocess.Popen]:
+    def start(self, spec: RankSpec, fds_to_close: list[int]) -> tuple[int, subprocess.Popen]:
         """``fds_to_close`` is not needed: only the fds in ``spec`` are passed, every other one is closed."""
         from ..rank import rich_output
         from ..rank.worker import SPEC_ENV_VAR

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event, WorkerSpec
+from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event
 from ..schema.lines import expand_lines
+from ..schema.rank_spec import RankSpec
 from ..schema.status import StopReason
 from .demux import RankDemux
 from .handles import WorkerProcess
@@ -129,9 +130,9 @@ class Supervisor:
             exit_codes={worker.rank: worker.exit_code for worker in self._workers},
             snapshot=dict(self._snapshot), stack_dump_seq=dict(self._stack_dump_seq))
 
-    def _spec_for(self, worker: WorkerProcess, pipes: dict) -> WorkerSpec:
+    def _spec_for(self, worker: WorkerProcess, pipes: dict) -> RankSpec:
         local_rank = worker.local_rank
-        return WorkerSpec(
+        return RankSpec(
             rank=worker.rank, local_rank=local_rank, world_size=self.plan.world_size,
             local_world_size=self.plan.num_processes, node_rank=self.plan.node_rank,
             device=self.plan.device, backend=self.plan.backend, env=self.plan.env_for(local_rank),

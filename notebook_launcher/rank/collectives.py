@@ -36,7 +36,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..schema.errors import NotebookLauncherError
+from ..schema.error_base import NotebookLauncherError
 from ..schema.events import SHAPE_MISMATCH, TRUE_VALUES
 from . import context, work_watch
 from .agreement import OPERATIONS, RAW_COLLECTIVES, Rows, detail_of, mismatch, signature, stable_code
