@@ -31,7 +31,7 @@ class RankFailedError(NotebookLauncherError, ChildFailedError, RuntimeError):
     ``pytest.raises(ChildFailedError, match=...)`` on the user's error text) catch it; ``str(error)`` stays ours.
     """
 
-    def __init__(self, message: str, failure, failures: dict, run):
+    def __init__(self, message: str, failure, failures: dict, run=None):
         Exception.__init__(self, message)  # (not ChildFailedError's: it formats torch elastic's error files)
         self.name = "notebook_launcher"
         self.rank = failure.rank
@@ -47,7 +47,7 @@ class RankFailedError(NotebookLauncherError, ChildFailedError, RuntimeError):
 class LaunchTimeoutError(NotebookLauncherError, TimeoutError):
     """The run went past ``timeout=`` (or hung); the message holds every live rank's Python stacks then."""
 
-    def __init__(self, message: str, run):
+    def __init__(self, message: str, run=None):
         super().__init__(message)
         self.run = run
 
@@ -65,7 +65,7 @@ class ResultUnavailableError(NotebookLauncherError, RuntimeError):
     class exists only in the worker). Attributes: ``rank``, ``type`` (the value's type name), ``reason``, ``run``
     (the Run; the other ranks' results are in ``run.results``)."""
 
-    def __init__(self, rank: int, type_name: str, reason: str, run):
+    def __init__(self, rank: int, type_name: str, reason: str, run=None):
         reason = wire_text(reason)  # (the unpickling's own error: a lone surrogate would break Jupyter's reply)
         super().__init__(f"rank {rank} finished, but its return value (a {type_name}) could not be rebuilt in the "
                          f"kernel: {reason}. Return plain data (tensors, numbers, dicts, a state_dict), or types "

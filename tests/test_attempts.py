@@ -9,7 +9,7 @@ import time
 import pytest
 
 from notebook_launcher.display.state import RunState
-from notebook_launcher.launchers.intake import AttemptEvents
+from notebook_launcher.launchers.intake import EventIntake
 from notebook_launcher.launchers.restarts import RestartPolicy
 from notebook_launcher.plan import make_plan
 from notebook_launcher.runs import Run
@@ -54,8 +54,8 @@ def attempts(runs_dir):
     run = Run(run_id=log.run_id, run_dir=log.path, device="cpu", backend="gloo", start_method="fork",
               num_processes=2, world_size=4)
     shown = Shown()
-    events = AttemptEvents(run, log, shown)
-    yield Launch(events, RestartPolicy(run, events.on_event)), run, shown
+    events = EventIntake(run, log, shown)
+    yield Launch(events, RestartPolicy(events.on_event)), run, shown
     log.close()
 
 
@@ -66,7 +66,7 @@ def plan(max_restarts=0):
 class Launch:
     """What a launcher holds: the attempts' event intake and their restart policy."""
 
-    def __init__(self, events: AttemptEvents, policy: RestartPolicy):
+    def __init__(self, events: EventIntake, policy: RestartPolicy):
         self.events, self.policy = events, policy
 
     def next_plan(self, *args, **kwargs):
@@ -102,13 +102,14 @@ def test_an_out_of_memory_error_restarts_everyone_at_the_smallest_size_any_rank_
 def test_another_failure_restarts_while_max_restarts_allows_then_gives_up(attempts, who):
     policy, run, shown = attempts
     crash = event(2, FAILURE, type="RuntimeError", message="transient", traceback="", exit_code=1)
-    first = policy.next_plan(plan(max_restarts=1), failures_of(policy, crash), who)
-    assert first is not None and run.root_cause.rank == 2
+    failures = failures_of(policy, crash)
+    first = policy.next_plan(plan(max_restarts=1), failures, who)
+    assert first is not None and root_cause(failures).rank == 2
     [restart] = [e for e in shown.events if e.kind == RESTART]
     assert restart.data == {"attempt": 2, "reason": "failure", "batch_size": None,
                             "text": f"rank 2 failed (RuntimeError: transient); restarting {who} (1 of max_restarts=1)"}
     assert policy.next_plan(first, failures_of(policy, crash), who) is None  # the one restart is used
-    assert run.attempts == 2 and run.root_cause.type == "RuntimeError"
+    assert run.attempts == 2 and run.root_cause is None  # the policy writes nothing into the Run
 
 
 def test_single_attempt_and_an_unrepeatable_attempt_never_try_again(attempts, runs_dir):
@@ -116,7 +117,6 @@ def test_single_attempt_and_an_unrepeatable_attempt_never_try_again(attempts, ru
     now = time.monotonic()
     assert policy.next_plan(plan(max_restarts=5), failures_of(policy, oom(1, 64, 32, now)), "every host",
                             may_retry=False) is None
-    assert run.root_cause.rank == 1  # the failure is still recorded for the error message
     policy.policy.single_attempt = True  # an agent: the launching kernel decides for every host
     assert policy.next_plan(plan(max_restarts=5), failures_of(policy, oom(1, 64, 32, now)), "all ranks") is None
     assert not [e for e in shown.events if e.kind == RESTART]

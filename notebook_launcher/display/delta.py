@@ -29,7 +29,7 @@ from .state import RunState
 RANK_FIELDS = ("host", "status", "pid", "exit_code", "progress", "summary")
 
 
-def compact_lines(lines: list[dict]) -> tuple[list, list]:
+def compact_line_rows(lines: list[dict]) -> tuple[list, list]:
     """``at`` and the rows of ``lines`` (oldest first; see the module's docstring)."""
     rows, n_before, ms_before = [], lines[0]["n"], round(lines[0]["t"] * 1000)
     at = [n_before, ms_before]
@@ -45,7 +45,7 @@ def compact_lines(lines: list[dict]) -> tuple[list, list]:
     return at, rows
 
 
-def expand_lines(at: list, rows: list) -> list[dict]:
+def expand_line_rows(at: list, rows: list) -> list[dict]:
     n, ms = at
     lines = []
     for row in rows:
@@ -154,7 +154,7 @@ class DeltaTracker:
                 break
             fresh.append(line)
         if fresh:
-            change["at"], change["lines"] = compact_lines(fresh[::-1])
+            change["at"], change["lines"] = compact_line_rows(fresh[::-1])
         if rank.lines_total != before["total"] + len(fresh) or "new" in change:
             change["lines_total"] = rank.lines_total
         if points:
@@ -178,7 +178,7 @@ def apply_delta(state: dict, delta: dict, caps: dict) -> dict:
                              "lines": [], "lines_total": 0, "lines_dropped": 0, "progress": None, "history": []}
     for change in delta.get("ranks") or []:
         rank = dict(ranks[change["rank"]])
-        lines = expand_lines(change["at"], change["lines"]) if change.get("lines") else []
+        lines = expand_line_rows(change["at"], change["lines"]) if change.get("lines") else []
         points = [expand_point(row) for row in change.get("history") or []]
         for name, value in change.items():
             if name not in ("rank", "at", "lines", "history", "new"):

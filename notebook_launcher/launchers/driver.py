@@ -1,5 +1,6 @@
 """One launch from a checked plan: the run's record and log, the display, the launcher that fits the plan, and
-the end of the story whatever happens (status, the panel's last state, the summary on disk).
+the end of the story whatever happens (status, the panel's last state, the summary on disk). The launcher returns
+how the launch ended (``LaunchOutcome``); this module alone writes it, and the run's status, into the Run.
 
 ``notebook_launcher()`` calls ``launch`` after checking its arguments; an agent of a launch across hosts calls it
 with a display of its own (which forwards every event) and ``single_attempt=True``.
@@ -19,12 +20,13 @@ from ..display.state import RunState
 from ..plan import LaunchPlan
 from ..runs import Run, remember
 from ..schema.runlog import RunLog
-from ..schema.status import RunStatus
+from ..schema.status import RunStatus, StopReason, stopped_by
 from .base import Launcher
 from .hosts import HostSettings, HostsLauncher
 from .in_kernel import InKernelLauncher
-from .intake import AttemptEvents
+from .intake import EventIntake
 from .local import LocalLauncher
+from .outcome import LaunchOutcome
 from .payload import spawn_payload
 from .restarts import RestartPolicy
 
@@ -53,16 +55,24 @@ def launch(plan: LaunchPlan, display: str | Display = "auto", hosts: HostSetting
     _warn_old_kernel_once(shown)
     log.report_to(shown.note)  # a full or failing disk: one warning, and the run goes on
     started, closed = time.monotonic(), False
-    events = AttemptEvents(run, log, shown, single_attempt)
+
+    def running() -> None:  # an attempt began
+        run.status = RunStatus.RUNNING
+
+    intake = EventIntake(run, log, shown, single_attempt, started=running)
     try:
-        return launcher.launch(plan, run, shown, events, RestartPolicy(run, events.on_event, single_attempt))
+        outcome = launcher.launch(plan, shown, intake, RestartPolicy(intake.on_event, single_attempt))
+        _record(run, outcome)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.result
     except KeyboardInterrupt:
         run.status = RunStatus.INTERRUPTED
         shown.note("interrupted" if plan.runs_in_kernel else
                    f"interrupted: stopped all {plan.num_processes} worker(s)")
         raise
     except BaseException as error:
-        events.note_left_out()
+        intake.note_left_out()
         if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
             run.status = RunStatus.FAILED
         if panel is not None:
@@ -73,12 +83,12 @@ def launch(plan: LaunchPlan, display: str | Display = "auto", hosts: HostSetting
             panel = None
         raise
     finally:
-        events.note_left_out()  # (once: before the panel's last state, whatever happened)
+        intake.note_left_out()  # (once: before the panel's last state, whatever happened)
         if not closed:
             _close(run, log, shown, started)
         if panel is not None:  # finished, or interrupted
-            interrupted = {"kind": "interrupted", "rank": None, "type": "KeyboardInterrupt", "traceback": "",
-                           "message": "interrupted: every worker was stopped", "stacks": {}}
+            interrupted = {"kind": StopReason.INTERRUPTED.value, "rank": None, "type": "KeyboardInterrupt",
+                           "traceback": "", "message": "interrupted: every worker was stopped", "stacks": {}}
             finished = run.status == RunStatus.FINISHED
             run.panel_state = panel.finish(run.status, result_type=type(run.result(0)).__name__ if finished else None,
                                            failure=interrupted if run.status == RunStatus.INTERRUPTED else None)
@@ -95,6 +105,15 @@ def choose_launcher(plan: LaunchPlan, hosts: HostSettings | None) -> Launcher:
     if plan.runs_in_kernel:
         return InKernelLauncher()
     return LocalLauncher(spawn_payload(plan.function, plan.args) if plan.spawns_workers else b"")
+
+
+def _record(run: Run, outcome: LaunchOutcome) -> None:
+    """How the launch ended, into its Run (and the Run into the error the launch raises)."""
+    run.status = outcome.status
+    run.failures, run.root_cause = outcome.failures, outcome.root_cause
+    run.stuck_ranks, run.stacks = outcome.stuck_ranks, outcome.stacks
+    if outcome.error is not None:
+        outcome.error.run = run
 
 
 def _close(run: Run, log: RunLog, display, started: float) -> None:
@@ -114,7 +133,7 @@ def _close(run: Run, log: RunLog, display, started: float) -> None:
 def _failure_for_panel(run: Run, error: BaseException) -> dict:
     """What the panel shows first when a run ends badly: the root cause's traceback, then the whole story."""
     cause = run.root_cause
-    kind = {"hung": "hang", "timed out": "timeout"}.get(run.status, "failure")
+    kind = (stopped_by(run.status) or StopReason.FAILURE).value
     return {"kind": kind, "rank": cause.rank if cause and kind == "failure" else None,
             "type": cause.type if cause and kind == "failure" else type(error).__name__,
             "traceback": cause.traceback if cause and kind == "failure" else "",

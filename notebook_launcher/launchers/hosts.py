@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..cluster.coordinator import STOP_GRACE_S, Cluster
 from ..cluster.starts import AgentStart, MpirunStart, SshStart
 from ..display import Display
 from ..errors import HostFailedError, LaunchTimeoutError, RankFailedError
 from ..plan import LaunchPlan
-from ..runs import Run
 from ..schema.status import RunStatus, StopReason
-from ..supervision.failure import failure_message
+from ..supervision.failure import failure_message, root_cause
 from .base import Launcher
-from .intake import AttemptEvents
+from .intake import EventIntake
+from .outcome import LaunchOutcome
 from .restarts import RestartPolicy
 
 
@@ -45,60 +44,59 @@ def agent_start(settings: HostSettings) -> AgentStart:
 
 
 class HostsLauncher(Launcher):
-    """``launch()`` starts every host's agent for each attempt; an out-of-memory step down or a restart
-    (max_restarts) starts every host again; the first failure anywhere stops every host."""
+    """``launch()`` starts every host's agent for each attempt and returns how the last one ended; an
+    out-of-memory step down or a restart (max_restarts) starts every host again; the first failure anywhere stops
+    every host."""
 
     def __init__(self, settings: HostSettings, payload: bytes):
         self.settings = settings
         self.payload = payload  # (function, args), pickled for the agents
 
-    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
-               policy: RestartPolicy) -> Any:
+    def launch(self, plan: LaunchPlan, display: Display, intake: EventIntake,
+               policy: RestartPolicy) -> LaunchOutcome:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         hosts, start = self.settings.hosts, agent_start(self.settings)
         display.note(f"{plan.world_size} processes on {len(hosts)} hosts ({', '.join(hosts)}), {plan.num_processes} "
                      f"per host, on {plan.device} ({plan.backend})")
         while True:
-            events.begin(range(plan.world_size))
-            cluster = Cluster(plan, hosts, start, self.payload, events.on_event, display.note, on_tick=events.tick)
+            intake.begin(range(plan.world_size))
+            cluster = Cluster(plan, hosts, start, self.payload, intake.on_event, display.note, on_tick=intake.tick)
             try:
                 cluster.run(plan.timeout)
             finally:
-                events.end()
+                intake.end()
             if cluster.stop_reason == StopReason.INTERRUPTED:
                 raise KeyboardInterrupt
-            failures = events.tracker.failures()
+            failures = intake.tracker.failures()
             problem = cluster.host_problem()
             if failures:
                 again = policy.next_plan(plan, failures, "every host", may_retry=not problem)
                 if again is not None:
                     plan = again
                     continue
-                raise self._rank_failed(plan, run, events, failures, problem)
+                return LaunchOutcome.stopped(StopReason.FAILURE, self._rank_failed(plan, intake, failures, problem),
+                                             failures=failures)
             if problem:
-                run.status = RunStatus.FAILED
-                raise HostFailedError(problem, run)
+                return LaunchOutcome(RunStatus.FAILED, cluster.stop_reason, error=HostFailedError(problem))
             if cluster.stop_reason == StopReason.TIMEOUT:
-                run.status = RunStatus.TIMED_OUT
-                raise LaunchTimeoutError(f"the hosts did not finish within timeout={plan.timeout:g} s (plus "
-                                         f"{STOP_GRACE_S:g} s for their own diagnosis); every host was stopped", run)
+                return LaunchOutcome.stopped(StopReason.TIMEOUT, LaunchTimeoutError(
+                    f"the hosts did not finish within timeout={plan.timeout:g} s (plus {STOP_GRACE_S:g} s for "
+                    f"their own diagnosis); every host was stopped"))
             reported = cluster.node_error()
             if reported:
                 node, error = reported
-                run.status = RunStatus.TIMED_OUT if error.get("type") == "LaunchTimeoutError" else RunStatus.FAILED
                 text = f"host {node.host} (node {node.node_rank}): {error.get('message')}"
-                if error.get("type") == "LaunchTimeoutError":
-                    raise LaunchTimeoutError(text, run)
-                raise HostFailedError(f"{text}\n{error.get('traceback', '')}", run)
-            return events.finished()
+                if error.get("type") == "LaunchTimeoutError":  # (a node's own timeout, by its error's name)
+                    return LaunchOutcome.stopped(StopReason.TIMEOUT, LaunchTimeoutError(text))
+                return LaunchOutcome(RunStatus.FAILED, cluster.stop_reason,
+                                     error=HostFailedError(f"{text}\n{error.get('traceback', '')}"))
+            return intake.finished()
 
-    def _rank_failed(self, plan: LaunchPlan, run: Run, events: AttemptEvents, failures: dict,
-                     problem) -> RankFailedError:
+    def _rank_failed(self, plan: LaunchPlan, intake: EventIntake, failures: dict, problem) -> RankFailedError:
         """The root cause first, then which host each rank ran on (and why a host could not run, if one could not)."""
-        hosts, cause = self.settings.hosts, run.root_cause
-        run.status = RunStatus.FAILED
-        message = failure_message(cause, failures, events.tracker, list(range(plan.world_size)), run.run_dir)
+        hosts, cause = self.settings.hosts, root_cause(failures)
+        message = failure_message(cause, failures, intake.tracker, list(range(plan.world_size)), intake.run_dir)
         where = "; ".join(f"{host}: ranks {node * plan.num_processes}-{(node + 1) * plan.num_processes - 1}"
                           for node, host in enumerate(hosts))
         message += f"\n\nRank {cause.rank} ran on {hosts[cause.rank // plan.num_processes]} ({where})."
-        return RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures, run)
+        return RankFailedError(message + (f"\n\n{problem}" if problem else ""), cause, failures)

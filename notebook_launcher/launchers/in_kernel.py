@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ..display import Display
 from ..plan import LaunchPlan
-from ..runs import Run
-from ..schema.status import RunStatus
 from .base import Launcher
-from .intake import AttemptEvents
+from .intake import EventIntake
+from .outcome import LaunchOutcome
 from .restarts import RestartPolicy
 
 
 class InKernelLauncher(Launcher):
     """A one-process default group (so DDP code runs unchanged) and the Accelerate variables, both put back as
-    they were afterwards. ``timeout`` does not apply here."""
+    they were afterwards. ``timeout`` does not apply here; the function's own error is raised as it is."""
 
-    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
-               policy: RestartPolicy) -> Any:
+    def launch(self, plan: LaunchPlan, display: Display, intake: EventIntake,
+               policy: RestartPolicy) -> LaunchOutcome:
         __tracebackhide__ = True  # IPython shows the error, not the launcher's frames (the run log has them)
         import torch.distributed as dist
 
@@ -30,7 +28,7 @@ class InKernelLauncher(Launcher):
             env["ACCELERATE_USE_CPU"] = "true"
         saved = {key: os.environ.get(key) for key in env}
         own_group = dist.is_available() and not dist.is_initialized() and plan.device in ("cpu", "cuda")
-        run.status = RunStatus.RUNNING
+        intake.started()
         os.environ.update(env)
         try:
             if own_group:
@@ -44,9 +42,8 @@ class InKernelLauncher(Launcher):
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-        run.results[0] = result
-        run.status = RunStatus.FINISHED
-        return result
+        intake.keep_result(0, result)
+        return LaunchOutcome.finished(result)
 
 
 def _name(function) -> str:

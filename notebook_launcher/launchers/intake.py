@@ -1,18 +1,21 @@
 """Every event of an attempt, in one place: kept on the Run (bounded in bytes), written to the run log, followed
-by the attempt's FailureTracker, released in order to the display; the result of the last attempt.
+by the attempt's FailureTracker, released in order to the display; the result of the last attempt. The intake
+writes into the Run what the events say (events, results, exit codes, batch sizes, out-of-memory retries, the
+attempt count); how the launch ended is the mechanism's ``LaunchOutcome``, which ``driver.launch`` writes.
 
 The Run keeps at most ``MAX_BYTES_IN_MEMORY`` of events, each counted by what it holds (``lines.EventList``:
 lines, log records, displays with their metadata); the story of the run (``KEPT_ALWAYS``: status, failures,
 exits, results, restarts, hang notices) is kept whatever the bound. What goes past the bound is in the run log
 only, and one note at the run's end says how much and how to read it (``note_left_out``).
 
-The launchers pass each event here as it is read (``AttemptEvents.on_event``, ``on_lines``); whether another
+The launchers pass each event here as it is read (``EventIntake.on_event``, ``on_lines``); whether another
 attempt follows is the restart policy's (``restarts.RestartPolicy``), which announces it here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ..runs import Run
@@ -36,20 +39,24 @@ from ..schema.runlog import RunLog
 from ..schema.status import RunStatus
 from ..supervision.failure import FailureTracker
 from ..supervision.ordering import InOrderRelease
+from .outcome import LaunchOutcome
 
 MAX_BYTES_IN_MEMORY = 64 * 2**20  # events kept on the Run (Run.events.bytes); every event is in the run log
 KEPT_ALWAYS = frozenset((STATUS, RESULT, FAILURE, EXIT, LAUNCHER, RESTART, OOM_RETRY, BATCH_SIZE, HANG_NOTICE))
 
 
-class AttemptEvents:
+class EventIntake:
     """The event intake of one launch's attempts. ``single_attempt``: an agent of a launch across hosts (its
-    results are forwarded as they came, and the launching kernel sums up the run)."""
+    results are forwarded as they came, and the launching kernel sums up the run). ``started``: called as each
+    attempt begins (the driver's: the run is running)."""
 
-    def __init__(self, run: Run, log: RunLog, display, single_attempt: bool = False):
+    def __init__(self, run: Run, log: RunLog, display, single_attempt: bool = False,
+                 started: Callable[[], None] = lambda: None):
         self.run = run
         self.log = log
         self.display = display
         self.single_attempt = single_attempt
+        self.started = started
         self.tracker = FailureTracker()
         self.in_order: InOrderRelease | None = None
         self._left_out_noted = False
@@ -64,7 +71,17 @@ class AttemptEvents:
         self.in_order = InOrderRelease(list(ranks), self.display.show,
                                        show_lines=getattr(self.display, "show_lines", None))
         self.run.balance_book.clear()
-        self.run.status = RunStatus.RUNNING
+        self.started()
+
+    @property
+    def attempts(self) -> int:
+        """The attempts begun so far."""
+        return self.run.attempts
+
+    @property
+    def run_dir(self) -> str:
+        """The run's folder (the run log), for the messages that name it."""
+        return self.run.run_dir
 
     def tick(self) -> None:
         """Called by the supervising loop after each wait: in-order lines whose time has come, the display."""
@@ -97,6 +114,8 @@ class AttemptEvents:
             self._receive_result(event)
         elif event.kind == BATCH_SIZE:
             run.batch_sizes[event.data["key"]] = event.data["batch_size"]
+        elif event.kind == OOM_RETRY:
+            run.oom_retries.append(event.data)
         elif event.kind == EXIT:
             run.exit_codes[event.rank] = event.data.get("exit_code")
         elif event.kind == BALANCE:
@@ -141,32 +160,33 @@ class AttemptEvents:
                           f"the in-memory bound of {MAX_BYTES_IN_MEMORY // 2**20} MB a run are in the run log "
                           f"only: inspect_run({run.run_id!r})")
 
+    def keep_result(self, rank: int, value: Any) -> None:
+        """A rank's return value that came without an event (the function run in the kernel)."""
+        self.run.results[rank] = value
+
     def _receive_result(self, event: Event) -> None:
         if event.data.get("kept") is False:
             self.run.results_left_out[event.rank] = event.data.get("reason", "")
             return
         try:
-            self.run.results[event.rank] = unpack_result(event.data, event.attachment)
+            self.keep_result(event.rank, unpack_result(event.data, event.attachment))
         except (Exception, KeyboardInterrupt, SystemExit) as exc:  # noqa: BLE001 - keep supervising; the launch
             # raises it once every rank is done (an interrupt now is the pickle's own: Ctrl-C waits for the loop)
             self.run.results_unavailable[event.rank] = (str(event.data.get("type")), f"{type(exc).__name__}: {exc}")
 
-    def finished(self) -> Any:
+    def finished(self) -> LaunchOutcome:
         """Every rank of the last attempt finished: rank 0's result (or ResultUnavailableError)."""
         from ..errors import ResultUnavailableError
 
         run = self.run
-        run.failures, run.root_cause = {}, None  # an earlier try's out-of-memory error is in run.oom_retries
         if run.results_unavailable:
-            run.status = RunStatus.FAILED
             rank, (type_name, reason) = min(run.results_unavailable.items())
-            raise ResultUnavailableError(rank, type_name, reason, run)
-        run.status = RunStatus.FINISHED
+            return LaunchOutcome(RunStatus.FAILED, error=ResultUnavailableError(rank, type_name, reason))
         if run.oom_retries:
             self.display.note(f"finished at batch size {run.batch_sizes[run.oom_retries[-1]['key']]}")
         if not self.single_attempt:  # (an agent's ranks are only part of the run: the launching kernel says it)
             for line in run.balance.summary().splitlines():
                 self.display.note(line)
-        return run.result(0)
+        return LaunchOutcome.finished(run.result(0))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 from ..cluster.allocation import Allocation
 from ..cluster.slurm_job import (
@@ -23,13 +22,13 @@ from ..cluster.slurm_job import (
 )
 from ..cluster.starts import SrunStart
 from ..display import Display
-from ..errors import HostFailedError, LaunchArgumentError, LaunchTimeoutError
+from ..errors import HostFailedError, LaunchTimeoutError
 from ..plan import LaunchPlan
-from ..runs import Run
-from ..schema.status import RunStatus
+from ..schema.status import RunStatus, StopReason
 from .base import Launcher
 from .hosts import HostSettings, HostsLauncher
-from .intake import AttemptEvents
+from .intake import EventIntake
+from .outcome import LaunchOutcome
 from .restarts import RestartPolicy
 
 STEP_NOTICE_S = 60.0  # a step that has started no rank in this long is said (srun may wait without a word)
@@ -40,8 +39,8 @@ class SlurmLauncher(Launcher):
         self.settings = settings
         self.payload = payload
 
-    def launch(self, plan: LaunchPlan, run: Run, display: Display, events: AttemptEvents,
-               policy: RestartPolicy) -> Any:
+    def launch(self, plan: LaunchPlan, display: Display, intake: EventIntake,
+               policy: RestartPolicy) -> LaunchOutcome:
         __tracebackhide__ = True
         allocation = job = None
         try:
@@ -53,33 +52,31 @@ class SlurmLauncher(Launcher):
                 if allocation.ended == "interrupted":
                     raise KeyboardInterrupt
                 if allocation.ended == "timeout":
-                    run.status = RunStatus.TIMED_OUT
                     which = (f"job {allocation.job_id}, {allocation.reason or 'pending'}" if allocation.job_id else
                              "salloc had not said its job id yet")
-                    raise LaunchTimeoutError(f"Slurm did not grant the allocation within timeout={plan.timeout:g} s "
-                                             f"({which}); it was cancelled", run)
+                    return LaunchOutcome.stopped(StopReason.TIMEOUT, LaunchTimeoutError(
+                        f"Slurm did not grant the allocation within timeout={plan.timeout:g} s ({which}); it was "
+                        f"cancelled"))
                 hosts = job.hosts
                 if len(hosts) != plan.num_nodes:
-                    raise HostFailedError(f"Slurm job {job.job_id} has {len(hosts)} node(s) ({', '.join(hosts)}), "
-                                          f"not the {plan.num_nodes} slurm_options asked for; it was given back", run)
+                    return LaunchOutcome(RunStatus.FAILED, error=HostFailedError(
+                        f"Slurm job {job.job_id} has {len(hosts)} node(s) ({', '.join(hosts)}), not the "
+                        f"{plan.num_nodes} slurm_options asked for; it was given back"))
             else:
                 job, hosts = job_from_env(), self.settings.hosts
             try:
                 warning = check_fits(job, hosts, plan.num_processes, plan.device)
                 start = SrunStart(job, hosts, plan.device)
             except SlurmError as exc:
-                raise HostFailedError(f"Slurm job {job.job_id}: {exc}", run) from None
+                return LaunchOutcome(RunStatus.FAILED, error=HostFailedError(f"Slurm job {job.job_id}: {exc}"))
             if warning:
                 display.note(warning)
             settings = dataclasses.replace(self.settings, hosts=hosts, start=start)
-            watch = StepWatch(events, job, hosts, plan, display.note)
-            try:
-                return HostsLauncher(settings, self.payload).launch(plan, run, display, watch, policy)
-            except LaunchTimeoutError as exc:
-                raise LaunchTimeoutError(watch.explain(str(exc)), run) from None
-        except LaunchArgumentError:
-            run.status = RunStatus.FAILED
-            raise
+            watch = StepWatch(intake, job, hosts, plan, display.note)
+            outcome = HostsLauncher(settings, self.payload).launch(plan, display, watch, policy)
+            if isinstance(outcome.error, LaunchTimeoutError):
+                return dataclasses.replace(outcome, error=LaunchTimeoutError(watch.explain(str(outcome.error))))
+            return outcome
         finally:
             if allocation is not None:
                 allocation.release()  # its steps end with it
@@ -93,25 +90,25 @@ class StepWatch:
     """An attempt's events as HostsLauncher takes them, watched for the nodes whose ranks have not started: srun
     waits without a word while Slurm cannot create its step (a suspended job, busy or unresponsive nodes)."""
 
-    def __init__(self, events: AttemptEvents, job: SlurmJob, hosts: list[str], plan: LaunchPlan, note):
-        self._events, self.job, self.hosts, self.plan, self.note = events, job, hosts, plan, note
+    def __init__(self, intake: EventIntake, job: SlurmJob, hosts: list[str], plan: LaunchPlan, note):
+        self._intake, self.job, self.hosts, self.plan, self.note = intake, job, hosts, plan, note
         self._started = time.monotonic()
         self._heard: set[int] = set()
         self._said = False
 
     def __getattr__(self, name: str):
-        return getattr(self._events, name)
+        return getattr(self._intake, name)
 
     def begin(self, ranks) -> None:
-        self._events.begin(ranks)
+        self._intake.begin(ranks)
         self._started, self._heard, self._said = time.monotonic(), set(), False
 
     def on_event(self, event) -> None:
         self._heard.add(event.rank)
-        self._events.on_event(event)
+        self._intake.on_event(event)
 
     def tick(self) -> None:
-        self._events.tick()
+        self._intake.tick()
         if not self._said and time.monotonic() - self._started > STEP_NOTICE_S and self.silent():
             self._said = True
             bound = "" if self.plan.timeout is not None else " (timeout= bounds the wait)"

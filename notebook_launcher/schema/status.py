@@ -48,9 +48,22 @@ ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.HU
 
 
 class StopReason(StrEnum):
-    """Why the launcher stopped an attempt (``SupervisorOutcome.stop_reason``; None: every rank ended on its own)."""
+    """Why the launcher stopped an attempt (``SupervisorOutcome.stop_reason``; None: every rank ended on its own);
+    also the panel's ``failure.kind`` (the extension's ``FailureKind``)."""
 
     FAILURE = "failure"  # a rank raised or exited before finishing its function
     HANG = "hang"  # a rank waits in a collective that a finished rank will never join
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"  # a kernel interrupt (or the stop button)
+
+
+ENDS_AS = {StopReason.FAILURE: RunStatus.FAILED, StopReason.HANG: RunStatus.HUNG,
+           StopReason.TIMEOUT: RunStatus.TIMED_OUT, StopReason.INTERRUPTED: RunStatus.INTERRUPTED}
+"""The run's status when an attempt is stopped for each reason: the one bridge between the two spellings."""
+
+_STOPPED_BY = {status: reason for reason, status in ENDS_AS.items()}
+
+
+def stopped_by(status: str) -> StopReason | None:
+    """Why a run that ended with ``status`` was stopped (``ENDS_AS`` read backwards); None: it finished or runs."""
+    return _STOPPED_BY.get(status)

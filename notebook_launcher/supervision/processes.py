@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # (only a type: this layer does not import the plan's module)
 
 DESCENDANT_SCAN_S = 1.0  # how often the processes below each rank are noted (to end them if the rank is killed)
 WAKE = "wake"
-EXIT = "exit"
+EXITED = "exited"  # a rank's pidfd became readable (not the "exit" event it then makes)
 
 
 class RankProcesses:
@@ -64,12 +64,12 @@ class RankProcesses:
             self._selector.register(read, selectors.EVENT_READ, (worker, name))
         spare(worker.pid)
         if worker.host is None and worker.open_pidfd() is not None:
-            self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, EXIT))
+            self._selector.register(worker.pidfd, selectors.EVENT_READ, (worker, EXITED))
         self.workers.append(worker)
 
     # -- watch -------------------------------------------------------------------------------------------------
     def ready(self, wait_s: float) -> list[tuple[WorkerProcess, str, int]]:
-        """One select of at most ``wait_s``: (worker, channel or EXIT, fd) of each pipe with data and each exit;
+        """One select of at most ``wait_s``: (worker, channel or EXITED, fd) of each pipe with data and each exit;
         a wake-up is consumed here (the caller checks its interrupt flag after)."""
         ready = []
         for key, _ in self._selector.select(wait_s):

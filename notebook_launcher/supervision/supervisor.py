@@ -25,8 +25,7 @@ from .demux import RankDemux
 from .handles import WorkerProcess
 from .hangs import HangWatch, StallWatch
 from .interrupts import DeferredInterrupt
-from .processes import EXIT as EXITED
-from .processes import RankProcesses
+from .processes import EXITED, RankProcesses
 from .starters import PIPE_SIZE
 
 if TYPE_CHECKING:  # (only a type: this layer does not import the plan's module)
