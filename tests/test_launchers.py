@@ -86,3 +86,19 @@ def test_the_driver_records_the_outcome_in_the_run_and_raises_its_error(runs_dir
     assert launch(make_plan(work, num_processes=2, device="cpu"), display="text") == 1
     assert last_run().status == "finished" and last_run().failures == {} and last_run().root_cause is None
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_stop_reason_is_the_panels_failure_kind_and_ends_the_run_with_one_status():
+    import os
+    import re
+
+    from notebook_launcher.schema.status import ENDS_AS, stopped_by
+
+    assert set(ENDS_AS) == set(StopReason) and len(set(ENDS_AS.values())) == len(StopReason)
+    assert all(stopped_by(status) == reason for reason, status in ENDS_AS.items())
+    assert stopped_by(RunStatus.FINISHED) is None and stopped_by("timed out") == "timeout"  # a run.json's str too
+    schema_ts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "labextension", "src",
+                             "schema.ts")
+    with open(schema_ts) as source:
+        body = re.search(r"export type FailureKind =(.*?);", source.read(), re.S).group(1)
+    assert set(re.findall(r"'([^']+)'", body)) == {reason.value for reason in StopReason}

@@ -26,7 +26,7 @@ export type RankStatus =
   | 'busy'
   | 'in DDP';
 
-/** `failure.kind` (notebook_launcher/launchers/driver.py). */
+/** `failure.kind`: why the run was stopped (`StopReason`, notebook_launcher/schema/status.py). */
 export type FailureKind = 'failure' | 'hang' | 'timeout' | 'interrupted';
 
 /** Where a hang notice places a rank (`hang.ranks[...].state`; the watchdog's words). */

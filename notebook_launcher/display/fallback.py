@@ -16,6 +16,7 @@ import html
 import string
 
 from ..schema.events import LOG, TRIGGER
+from ..schema.status import RunStatus, StopReason
 from .describe import describe, launcher_line, log_line
 from .summary import rank_row, run_summary, seconds
 
@@ -166,9 +167,10 @@ def _pre(lines: list[tuple[str, str | None]]) -> str:
 
 def _stacks(state: dict) -> dict:
     failure, hang = state.get("failure") or {}, state.get("hang") or {}
-    if failure.get("kind") in ("hang", "timeout") and failure.get("stacks"):
+    if failure.get("kind") in (StopReason.HANG, StopReason.TIMEOUT) and failure.get("stacks"):
         return failure["stacks"]
-    return hang.get("stacks") or {} if (hang.get("live") or state["status"] in ("hung", "timed out")) else {}
+    ended_stuck = state["status"] in (RunStatus.HUNG, RunStatus.TIMED_OUT)
+    return hang.get("stacks") or {} if (hang.get("live") or ended_stuck) else {}
 
 
 def render_html(state: dict, prefix_template: str = "[rank ${rank}] ") -> str:

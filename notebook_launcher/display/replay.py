@@ -13,6 +13,7 @@ import time
 
 from ..schema.events import FAILURE, STATUS, Event
 from ..schema.runlog import RunFileLines, parse_record
+from ..schema.status import StopReason
 from .logreader import read_summary
 from .panel import PanelDisplay, wants_panel
 from .state import RunState
@@ -71,7 +72,7 @@ def replay(run_dir: str, copies: int = 1, speed: float = 1.0, display: str = "au
             shown.tick()
         shown.show(Event(rank=event.rank, seq=event.seq, time=due, kind=event.kind, data=event.data))
         if event.kind == FAILURE and failure is None:
-            failure = {"kind": "failure", "rank": event.rank, "type": event.data.get("type"),
+            failure = {"kind": StopReason.FAILURE.value, "rank": event.rank, "type": event.data.get("type"),
                        "traceback": event.data.get("traceback", ""), "message": event.data.get("message", ""),
                        "stacks": {}}
     if isinstance(shown, PanelDisplay):

@@ -42,7 +42,7 @@ from ..schema.events import (
     Event,
 )
 from ..schema.lines import LogRecords, StreamLines
-from ..schema.status import RankStatus, RunStatus
+from ..schema.status import RankStatus, RunStatus, StopReason
 from .describe import describe
 from .final import failure_card, hang_card, number
 from .rank_state import LINES_PER_RANK, MAX_TEXT, RankState
@@ -383,7 +383,7 @@ class RunState:
         self.failure = failure_card(failure) if failure is not None else None
         self.result = {"type": result_type} if result_type is not None else None
         self._end_hang()
-        if self.hang is not None and self.failure and self.failure.get("kind") in ("hang", "timeout"):
+        if self.hang is not None and self.failure and self.failure.get("kind") in (StopReason.HANG, StopReason.TIMEOUT):
             self._keep_earlier()  # the failure tells where every rank was, with their stacks
         for rank in stuck_ranks:
             if rank in self.ranks:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ..schema.status import RunStatus
+from ..schema.status import RunStatus, StopReason
 
 MAX_LAST = 120  # characters of a rank's last line in its row (the line itself is in its lines)
 MAX_DETAIL = 300  # characters of one line of the verdict's detail
@@ -112,7 +112,7 @@ def verdict(state: dict) -> tuple[str, str, list[str]]:
     retries = state.get("oom_retries") or []
     steps = oom_lines(retries)
     hang = state.get("hang") or {}
-    if status == RunStatus.FAILED and failure.get("kind", "failure") == "failure":
+    if status == RunStatus.FAILED and failure.get("kind", StopReason.FAILURE) == StopReason.FAILURE:
         who = f"rank {failure['rank']}" if isinstance(failure.get("rank"), int) else "a rank"
         said = _last_line(failure.get("traceback")) or _first_line(failure.get("verdict")) \
             or _first_line(failure.get("message")) or failure.get("type") or ""
