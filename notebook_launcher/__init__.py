@@ -5,8 +5,10 @@
 """
 
 from ._version import __version__
+from .detached import DetachedRun, attach
 from .doctor import doctor, env_report, same_effective_batch, set_seed
 from .errors import (
+    DetachedRunError,
     HostFailedError,
     LaunchArgumentError,
     LaunchTimeoutError,
@@ -53,7 +55,9 @@ __all__ = [
     "set_trigger",
     "should_reduce_batch_size",
     # runs and diagnostics
+    "DetachedRun",
     "Run",
+    "attach",
     "doctor",
     "env_report",
     "inspect_run",
@@ -61,6 +65,7 @@ __all__ = [
     "read_run_log",
     "recent_runs",
     # errors
+    "DetachedRunError",
     "DistributedOperationException",
     "HostFailedError",
     "LaunchArgumentError",

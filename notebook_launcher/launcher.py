@@ -74,14 +74,23 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
         raise LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
+    if given.detach not in (True, False):
+        raise LaunchArgumentError(f"detach={given.detach!r}: pass True (a detached run) or False")
+    if given.detach and (given.hosts or given.hostfile):
+        raise LaunchArgumentError("detach=True runs the ranks of this machine only: hosts=/hostfile= (ssh, mpirun, "
+                                  "srun) cannot be detached yet; leave out detach=True to run across hosts")
     hosts = resolve_hosts(given.hosts, given.hostfile, given.num_nodes, given.node_rank, given.ssh_options,
                           given.start_hosts_with, given.mpirun_options, given.slurm_options)
     planned = given.for_plan()
     if hosts:
         planned.update(num_nodes=len(hosts), master_addr=without_user(hosts[0]))
-    plan = make_plan(function, args, in_workers=bool(hosts), **planned)
+    plan = make_plan(function, args, in_workers=bool(hosts) or given.detach is True, **planned)
     settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
+    if given.detach:
+        from .launchers.detach import start
+
+        return start(plan, settings, display)
     return launch(plan, display, settings)
 
 

@@ -187,13 +187,15 @@ class AccelerateMagics(Magics):
         else:
             return_names = names_assigned(tree)
         keywords = {settings["dest"]: getattr(args, settings["dest"]) for _, settings in KEYWORD_OPTIONS}
-        if planning.spawns(keywords["start_method"], keywords["device"]):
+        if keywords["detach"] or planning.spawns(keywords["start_method"], keywords["device"]):
             _check_picklable(namespace)
         count = max(1, getattr(self.shell, "execution_count", 1) - 1)  # IPython counts this cell already
         filename = f"<accelerate cell In[{count}]>"
         source = "\n" + source  # line numbers as the notebook shows them, the %%accelerate line being line 1
         _register_source(filename, f"%%accelerate {line}" + source)
         result = notebook_launcher(CellProgram(source, filename, namespace, return_names), **keywords)
+        if keywords["detach"]:
+            return result  # the DetachedRun, shown as its panel; what the cell assigns stays in the run
         if not return_names or not isinstance(result, dict):
             return None
         skipped = dict(result["skipped"])

@@ -1,0 +1,218 @@
+"""Detached runs (``notebook_launcher(..., detach=True)``, ``attach``): a run that outlives its kernel.
+
+In real Jupyter kernels: the launching cell returns while the run goes on and the next cell runs; the kernel is
+shut down and the run goes on; a new kernel attaches, shows the panel and gets rank 0's value bit for bit; a
+failing run raises the foreground run's ``RankFailedError``; a second kernel stops a run that a first one
+follows. Outside kernels: a supervisor killed with SIGKILL leaves no rank and the run reads as lost; what
+cannot be detached, and attaching to an unknown, foreign or damaged run, are refused clearly. Every test checks
+that no process of the run is left. The ranks wait for a file the test writes (never for a clock), so the order
+of what happens is the test's, however loaded the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.test_kernel import _assert_ok, _panel, _stream, _wait_until, run_cell, running_kernel
+
+pytestmark = pytest.mark.slow
+GONE_S = 30
+RESULT_S = 120
+
+TRAIN = '''\
+import os, time, torch
+from notebook_launcher import notebook_launcher
+
+def train(folder, fail=False):
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    open(os.path.join(folder, f"rank{rank}.pid"), "w").write(str(os.getpid()))
+    torch.manual_seed(7 + rank)
+    value = {"weights": torch.randn(64, 32, dtype=torch.float64), "rank": rank}
+    dist.all_reduce(value["weights"])
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.05)
+    if fail and rank == 1:
+        raise ValueError("the loss went to nan on rank 1")
+    print(f"rank {rank} finished")
+    if rank == 0:
+        torch.save(value, os.path.join(folder, "returned.pt"))
+    return value
+'''
+
+
+def _pids(folder) -> list[int]:
+    pids = []
+    for name in os.listdir(folder):
+        if name.endswith(".pid"):
+            pids.append(int(open(os.path.join(folder, name)).read()))
+    return pids
+
+
+def _supervisor(runs_dir) -> int:
+    (run_id,) = os.listdir(runs_dir)
+    return json.load(open(os.path.join(runs_dir, run_id, "supervisor.json")))["pid"]
+
+
+def _all_gone(pids) -> bool:
+    return all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def _assert_nothing_left(pids) -> None:
+    assert _wait_until(lambda: _all_gone(pids), GONE_S), f"left running: {[p for p in pids if psutil.pid_exists(p)]}"
+
+
+def _printed(kc, code: str, timeout: float = 60) -> str:
+    reply, outputs = run_cell(kc, code, timeout)
+    _assert_ok(reply, outputs)
+    return _stream(outputs)
+
+
+def test_a_detached_run_outlives_its_kernel_and_a_new_kernel_gets_rank_0s_value(tmp_path, runs_dir):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    with running_kernel(tmp_path) as (_, kc, kernel):
+        printed = _printed(kc, TRAIN + f"run = notebook_launcher(train, args=({str(folder)!r},), num_processes=2, "
+                                       f"detach=True)\nprint(run.status, run.run_id)", timeout=RESULT_S)
+        status, run_id = printed.split()[-2:]
+        assert status == "running", printed  # the cell ended while the ranks run
+        assert _printed(kc, "print(6 * 7, run.status)").split() == ["42", "running"]  # another cell meanwhile
+    supervisor = _supervisor(runs_dir)
+    ranks = _pids(folder)
+    assert psutil.pid_exists(supervisor) and len(ranks) == 2 and not _all_gone(ranks), "the run died with its kernel"
+    (folder / "go").write_text("")
+    with running_kernel(tmp_path) as (_, kc, _):
+        reply, outputs = run_cell(kc, f"from notebook_launcher import attach\nrun = attach({run_id!r})\nrun",
+                                  timeout=RESULT_S)
+        _assert_ok(reply, outputs)
+        assert _panel(outputs)["run_id"] == run_id
+        printed = _printed(kc, f"import torch\nvalue = run.result(timeout=None)\n"
+                               f"returned = torch.load({str(folder / 'returned.pt')!r})\n"
+                               f"same = value['weights'].numpy().tobytes() == returned['weights'].numpy().tobytes()\n"
+                               f"print(same, value['rank'], run.status)", timeout=RESULT_S)
+        assert printed.split() == ["True", "0", "finished"], printed
+    _assert_nothing_left([supervisor, *ranks])
+    run_dir = runs_dir / run_id
+    assert not (run_dir / "supervisor.sock").exists()
+    assert {oct(os.stat(run_dir / name).st_mode & 0o777) for name in ("outcome.json", "result.bin")} == {"0o600"}
+
+
+def test_a_failing_detached_run_raises_the_foreground_runs_error(tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "go").write_text("")
+    check = (TRAIN + "from notebook_launcher import RankFailedError\nerrors = []\n"
+             "for detach in (False, True):\n"
+             "    try:\n"
+             f"        run = notebook_launcher(train, args=({str(folder)!r}, True), num_processes=2, display='text', "
+             "detach=detach)\n"
+             "        run.result(timeout=None)\n"
+             "    except RankFailedError as error:\n"
+             "        errors.append(error)\n"
+             "foreground, detached = errors\n"
+             "print(detached.rank, detached.failure.type, str(detached).splitlines()[0] == "
+             "str(foreground).splitlines()[0], 'the loss went to nan on rank 1' in str(detached))\n")
+    with running_kernel(tmp_path) as (_, kc, _):
+        printed = _printed(kc, check, timeout=RESULT_S)
+        assert printed.splitlines()[-1].split() == ["1", "ValueError", "True", "True"], printed
+    _assert_nothing_left(_pids(folder))
+
+
+def test_two_kernels_follow_one_run_and_the_second_stops_it(tmp_path, runs_dir):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    with running_kernel(tmp_path) as (_, first, _), running_kernel(tmp_path) as (_, second, _):
+        printed = _printed(first, TRAIN + f"run = notebook_launcher(train, args=({str(folder)!r},), "
+                                          f"num_processes=2, detach=True, display='text')\nprint(run.run_id)",
+                           timeout=RESULT_S)
+        run_id = printed.split()[-1]
+        supervisor, ranks = _supervisor(runs_dir), _pids(folder)
+        assert _printed(second, f"from notebook_launcher import attach, recent_runs\nrun = attach({run_id!r})\n"
+                                f"print(run.status, [r.run_id for r in recent_runs(running=True)])").split() == [
+            "running", f"['{run_id}']"]
+        assert _printed(second, "run.stop()\nprint(run.status)", timeout=RESULT_S).split() == ["interrupted"]
+        printed = _printed(first, "try:\n    run.result(timeout=None)\nexcept Exception as error:\n"
+                                  "    print(type(error).__name__, error.status)", timeout=RESULT_S)
+        assert printed.split() == ["DetachedRunError", "interrupted"], printed
+    _assert_nothing_left([supervisor, *ranks])
+
+
+def _train(folder):
+    import torch.distributed as dist
+
+    with open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w") as out:
+        out.write(str(os.getpid()))
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.05)
+    return dist.get_rank()
+
+
+def test_a_supervisor_killed_with_sigkill_leaves_no_rank_and_the_run_reads_lost(tmp_path, runs_dir):
+    from notebook_launcher import DetachedRunError, attach, notebook_launcher
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    run = notebook_launcher(_train, args=(str(folder),), num_processes=2, detach=True, display="text")
+    assert _wait_until(lambda: len(_pids(folder)) == 2, RESULT_S)
+    supervisor, ranks = _supervisor(runs_dir), _pids(folder)
+    os.kill(supervisor, signal.SIGKILL)
+    _assert_nothing_left([supervisor, *ranks])
+    with pytest.raises(DetachedRunError, match="was lost") as lost:
+        run.result(timeout=RESULT_S)
+    assert lost.value.status == "lost" == attach(run.run_id).status
+    assert json.load(open(os.path.join(run.run_dir, "outcome.json")))["status"] == "lost"
+
+
+@pytest.mark.parametrize(("keywords", "named"), [
+    ({"hosts": ["node-a", "node-b"]}, "hosts="),
+    ({"num_nodes": 2, "node_rank": 0}, "num_nodes"),
+    ({"detach": "yes"}, "detach='yes'"),
+])
+def test_what_cannot_be_detached_is_refused_before_anything_starts(runs_dir, keywords, named):
+    from notebook_launcher import LaunchArgumentError, notebook_launcher
+
+    with pytest.raises(LaunchArgumentError, match=named):
+        notebook_launcher(_train, args=("/nonexistent",), num_processes=2, **{"detach": True, **keywords})
+    assert not runs_dir.exists() or not os.listdir(runs_dir)
+
+
+def test_a_function_that_cannot_be_pickled_is_refused_for_detach(runs_dir):
+    import threading
+
+    from notebook_launcher import LaunchArgumentError, notebook_launcher
+
+    lock = threading.Lock()
+
+    def uses_a_lock():
+        with lock:
+            return 1
+
+    with pytest.raises(LaunchArgumentError, match=r"`lock` \(a lock\).*detach=True"):
+        notebook_launcher(uses_a_lock, num_processes=2, detach=True)
+    assert not runs_dir.exists() or not os.listdir(runs_dir)
+
+
+def test_attaching_to_an_unknown_damaged_or_foreign_run_is_a_clear_error(runs_dir):
+    from notebook_launcher import RunNotFoundError, attach
+
+    with pytest.raises(RunNotFoundError, match="no run .* match"):
+        attach("20990101-000000-1-abcdef")
+    damaged = runs_dir / "20990101-000000-2-abcdef"
+    damaged.mkdir(parents=True, mode=0o700)
+    (damaged / "supervisor.json").write_text("{not json")
+    os.chmod(damaged / "supervisor.json", 0o600)
+    with pytest.raises(RunNotFoundError, match="damaged"):
+        attach("20990101-000000-2-abcdef")
+    if os.getuid() != 0:
+        return  # another user's folder can only be made by root
+    foreign = runs_dir / "20990101-000000-3-abcdef"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 4242, 4242)
+    with pytest.raises(PermissionError, match="another user"):
+        attach("20990101-000000-3-abcdef")
