@@ -65,7 +65,7 @@ class DetachedRun:
     foreground run raises), ``stop()``; displayed in a notebook, the live panel.
     """
 
-    def __init__(self, run_dir: str, asked: str | None = None):
+    def __init__(self, run_dir: str, asked: str | None = None, panel: bool = False):
         self.run_dir = run_dir
         self.run_id = os.path.basename(run_dir)
         self.described = _check_folder(run_dir, asked or self.run_id)
@@ -78,7 +78,13 @@ class DetachedRun:
         self._started = threading.Event()
         self._caught_up = threading.Event()
         self._follower = None
+        self._panel = None
         connection = connect(run_dir)
+        if panel and connection is not None:
+            from .detached_panel import new_panel
+
+            self._panel = new_panel(self)  # fed from this handle's channel, before it marks the run ended
+            self._panel_cell = _cell()
         if connection is None:
             self._read_outcome()
         else:
@@ -87,6 +93,10 @@ class DetachedRun:
 
     # -- what the channel says ------------------------------------------------------------------------------------
     def _on_message(self, header: dict, attachment: bytes) -> None:
+        if self._panel is not None:
+            from .detached_panel import feed
+
+            feed(self._panel, header, attachment)
         if "caught_up" in header:
             self._caught_up.set()
         elif "status" in header:
@@ -138,6 +148,11 @@ class DetachedRun:
     @property
     def status(self) -> str:
         return self._status
+
+    @property
+    def outcome(self) -> dict:
+        """How the run ended (``outcome.json``: status, the error), once it has; else its status."""
+        return dict(self._outcome or {"status": self._status})
 
     @property
     def progress(self) -> dict:
@@ -205,10 +220,20 @@ class DetachedRun:
     def _ipython_display_(self) -> None:
         from .detached_panel import show_panel
 
+        if self._panel is not None and self._panel_cell == _cell():
+            return  # the launching cell shows its panel already (above)
         show_panel(self)
 
     def __repr__(self) -> str:
         return f"<DetachedRun {self.run_id} {self._status}: attach({self.run_id!r}); log in {self.run_dir}>"
+
+
+def _cell() -> int | None:
+    """The number of the cell being run (IPython's execution count), None outside IPython."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return None if shell is None else shell.execution_count
 
 
 def attach(run_id: str) -> DetachedRun:

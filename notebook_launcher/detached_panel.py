@@ -11,38 +11,38 @@ from .display.replay import read_events
 from .display.state import RunState
 
 
-def _panel(run) -> PanelDisplay:
+def new_panel(run) -> PanelDisplay:
+    """The run's panel, shown now in the cell that asks (its display id is what a thread updates later)."""
     described = run.described
     state = RunState(run.run_id, run.run_dir, described["device"], described["backend"], described["start_method"],
                      described["num_processes"], described["world_size"], list(described["ranks"]))
-    return PanelDisplay(state, described["prefix"])
+    panel = PanelDisplay(state, described["prefix"])
+    panel.publish()
+    return panel
 
 
-def _finish(panel: PanelDisplay, outcome: dict) -> None:
-    status = outcome.get("status", "failed")
-    panel.finish(status, failure=outcome.get("panel_failure"), stuck_ranks=outcome.get("stuck_ranks", ()),
-                 result_type=outcome.get("result_type") if status == "finished" else None)
+def feed(panel: PanelDisplay, header: dict, attachment: bytes) -> None:
+    """One message of the run's channel into the panel."""
+    if "event" in header:
+        panel.show(as_event(header, attachment))
+    elif "note" in header:
+        panel.note(header["note"])
+    elif "end" in header:
+        outcome = header["end"]
+        status = outcome.get("status", "failed")
+        panel.finish(status, failure=outcome.get("panel_failure"), stuck_ranks=outcome.get("stuck_ranks", ()),
+                     result_type=outcome.get("result_type") if status == "finished" else None)
 
 
 def show_panel(run) -> PanelDisplay:
-    """Show the run's panel here; while the run goes on, it follows it."""
-    panel = _panel(run)
+    """Show the run's panel here, from a connection of its own (the full state, then what follows); a run that
+    has ended, from its run log and outcome."""
     connection = None if run.done else connect(run.run_dir)
+    panel = new_panel(run)
     if connection is None:
         for event in read_events(run.run_dir):
             panel.state.observe(event)
-        run.wait_started(0)
-        _finish(panel, run._outcome or {"status": run.status})
+        feed(panel, {"end": run.outcome}, b"")
         return panel
-    panel.publish()  # the output now, in the cell that asked; the thread updates it by its display id
-
-    def on_message(header: dict, attachment: bytes) -> None:
-        if "event" in header:
-            panel.show(as_event(header, attachment))
-        elif "note" in header:
-            panel.note(header["note"])
-        elif "end" in header:
-            _finish(panel, header["end"])
-
-    Follower(connection, on_message, lambda: None)
+    Follower(connection, lambda header, attachment: feed(panel, header, attachment), lambda: None)
     return panel

@@ -19,7 +19,16 @@ import time
 import psutil
 import pytest
 
-from tests.test_kernel import _assert_ok, _panel, _stream, _wait_until, run_cell, running_kernel
+from tests.test_kernel import (
+    PANEL_MIME,
+    _assert_ok,
+    _panel,
+    _shell_reply,
+    _stream,
+    _wait_until,
+    run_cell,
+    running_kernel,
+)
 
 pytestmark = pytest.mark.slow
 GONE_S = 30
@@ -124,22 +133,48 @@ def test_a_failing_detached_run_raises_the_foreground_runs_error(tmp_path):
     _assert_nothing_left(_pids(folder))
 
 
+def _every_message(kc, code: str, timeout: float = RESULT_S) -> tuple[dict, list[dict]]:
+    """``run_cell``, with every iopub message up to its end, whichever cell they belong to (a kernel thread's
+    display updates after its cell ended carry no longer that cell's id)."""
+    msg_id = kc.execute(code)
+    reply = _shell_reply(kc, msg_id, timeout)
+    messages, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=deadline - time.monotonic())
+        messages.append(msg)
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"):
+            return reply, messages
+    raise TimeoutError(f"the cell did not end within {timeout} s")
+
+
+def _panels(messages: list[dict]) -> list[tuple[str, dict]]:
+    return [(m["content"]["transient"]["display_id"], m["content"]["data"][PANEL_MIME]) for m in messages
+            if m["msg_type"] in ("display_data", "update_display_data") and PANEL_MIME in m["content"]["data"]]
+
+
 def test_two_kernels_follow_one_run_and_the_second_stops_it(tmp_path, runs_dir):
     folder = tmp_path / "work"
     folder.mkdir()
     with running_kernel(tmp_path) as (_, first, _), running_kernel(tmp_path) as (_, second, _):
-        printed = _printed(first, TRAIN + f"run = notebook_launcher(train, args=({str(folder)!r},), "
-                                          f"num_processes=2, detach=True, display='text')\nprint(run.run_id)",
-                           timeout=RESULT_S)
-        run_id = printed.split()[-1]
+        reply, outputs = _every_message(first, TRAIN + f"run = notebook_launcher(train, args=({str(folder)!r},), "
+                                                       f"num_processes=2, detach=True)\nprint(run.run_id)")
+        _assert_ok(reply, outputs)
+        run_id = _stream(outputs).split()[-1]
+        ((display_id, shown),) = {display_id: panel for display_id, panel in _panels(outputs)}.items()
+        assert shown["run_id"] == run_id
         supervisor, ranks = _supervisor(runs_dir), _pids(folder)
         assert _printed(second, f"from notebook_launcher import attach, recent_runs\nrun = attach({run_id!r})\n"
                                 f"print(run.status, [r.run_id for r in recent_runs(running=True)])").split() == [
             "running", f"['{run_id}']"]
         assert _printed(second, "run.stop()\nprint(run.status)", timeout=RESULT_S).split() == ["interrupted"]
-        printed = _printed(first, "try:\n    run.result(timeout=None)\nexcept Exception as error:\n"
-                                  "    print(type(error).__name__, error.status)", timeout=RESULT_S)
-        assert printed.split() == ["DetachedRunError", "interrupted"], printed
+        reply, outputs = _every_message(first, "try:\n    run.result(timeout=None)\nexcept Exception as error:\n"
+                                               "    print(type(error).__name__, error.status)")
+        _assert_ok(reply, outputs)
+        assert _stream([m for m in outputs if m["msg_type"] == "stream"]).split() == [
+            "DetachedRunError", "interrupted"]
+        # the launching cell's panel, updated by the kernel's thread after that cell ended: the run's end
+        assert [panel["status"] for shown_id, panel in _panels(outputs) if shown_id == display_id][-1] == "interrupted"
     _assert_nothing_left([supervisor, *ranks])
 
 

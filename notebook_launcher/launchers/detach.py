@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from ..detached import DetachedRun
+from ..display.panel import wants_panel
 from ..errors import LaunchArgumentError
 from ..launch_plan import LaunchPlan
 from .payload import spawn_payload
@@ -72,7 +73,7 @@ def start(plan: LaunchPlan, hosts=None, display: str = "auto", detach_for: float
                            f"{problem[-4000:]}")
     process.stderr.close()
     process.wait()  # (the first process only: the supervisor is its child, and goes on)
-    run = DetachedRun(json.loads(answer)["run_dir"])
+    run = DetachedRun(json.loads(answer)["run_dir"], panel=wants_panel(display))
     run.wait_started(started_timeout)
     return run
 

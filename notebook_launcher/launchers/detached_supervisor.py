@@ -111,16 +111,18 @@ def main() -> int:
     os.write(answer, json.dumps({"run_id": log.run_id, "run_dir": log.path}).encode() + b"\n")
     os.close(answer)  # the kernel reads the line and may go: nothing here writes to it again
     error: BaseException | None = None
+    result_type = None
     try:
         function, args = _load(payload)
         plan = LaunchPlan(**config["plan"], function=function, args=tuple(args), xla=None)
         value = launch(plan, BroadcastDisplay(server), log=log)
+        result_type = type(value).__name__
         _write_result(log.path, value)
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run is its outcome
         error = exc
         traceback.print_exc()
     run = last_run()
-    outcome = _outcome(run, error)
+    outcome = {**_outcome(run, error), "result_type": result_type}
     if error is not None and run is not None and run.status == "finished":  # the result could not be written
         outcome.update(status="failed", error={"type": type(error).__name__, "message": (
             f"the run finished, but rank 0's result could not be written to {log.path}: {error}")})
