@@ -15,6 +15,7 @@ from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .keywords import bind, docstring_list, signature
 from .launchers import HostSettings, launch
+from .launchers.detach import lifetime, start
 from .plan import make_plan
 
 
@@ -79,6 +80,7 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     if given.detach and (given.hosts or given.hostfile):
         raise LaunchArgumentError("detach=True runs the ranks of this machine only: hosts=/hostfile= (ssh, mpirun, "
                                   "srun) cannot be detached yet; leave out detach=True to run across hosts")
+    detach_for = lifetime(given.detach_for, given.detach)
     hosts = resolve_hosts(given.hosts, given.hostfile, given.num_nodes, given.node_rank, given.ssh_options,
                           given.start_hosts_with, given.mpirun_options, given.slurm_options)
     planned = given.for_plan()
@@ -88,9 +90,7 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
     if given.detach:
-        from .launchers.detach import start
-
-        return start(plan, settings, display)
+        return start(plan, settings, display, detach_for=detach_for)
     return launch(plan, display, settings)
 
 

@@ -251,3 +251,44 @@ def test_attaching_to_an_unknown_damaged_or_foreign_run_is_a_clear_error(runs_di
     os.chown(foreign, 4242, 4242)
     with pytest.raises(PermissionError, match="another user"):
         attach("20990101-000000-3-abcdef")
+
+
+def test_detach_for_stops_a_run_no_kernel_follows_any_more(tmp_path, runs_dir):
+    from notebook_launcher import DetachedRunError, attach, notebook_launcher
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    run = notebook_launcher(_train, args=(str(folder),), num_processes=2, detach=True, detach_for="1s",
+                            display="text")
+    supervisor = _supervisor(runs_dir)
+    assert _wait_until(lambda: len(_pids(folder)) == 2, RESULT_S)
+    run.close()  # the last client goes: a second later the run is stopped
+    _assert_nothing_left([supervisor, *_pids(folder)])
+    with pytest.raises(DetachedRunError, match="detach_for=1 s passed with no kernel following it"):
+        attach(run.run_id).result(timeout=RESULT_S)
+
+
+@pytest.mark.parametrize(("keywords", "named"), [
+    ({"detach_for": "12h"}, "add detach=True"),
+    ({"detach": True, "detach_for": "soon"}, "detach_for='soon' is not a duration"),
+    ({"detach": True, "detach_for": -5}, "detach_for=-5 is not a duration"),
+])
+def test_a_wrong_detach_for_is_refused(runs_dir, keywords, named):
+    from notebook_launcher import LaunchArgumentError, notebook_launcher
+
+    with pytest.raises(LaunchArgumentError, match=named):
+        notebook_launcher(_train, args=("/nonexistent",), num_processes=2, **keywords)
+    assert not runs_dir.exists() or not os.listdir(runs_dir)
+
+
+def test_accelerate_detach_runs_the_cell_detached_and_keeps_what_it_assigns_in_the_run(tmp_path):
+    cell = ("%%accelerate -n 2 --detach --text\nimport torch.distributed as dist\n"
+            "answer = dist.get_rank() + 41\n")
+    with running_kernel(tmp_path) as (_, kc, _):
+        _printed(kc, "%load_ext notebook_launcher")
+        reply, outputs = run_cell(kc, cell, timeout=RESULT_S)
+        _assert_ok(reply, outputs)
+        assert _panel(outputs)["run_id"]  # the cell shows the run: its handle, displayed
+        printed = _printed(kc, "run = _\nsent = run.result(timeout=None)\nprint(type(run).__name__, "
+                               "sorted(sent['values']), 'answer' in globals())", timeout=RESULT_S)
+        assert printed.split() == ["DetachedRun", "['answer']", "False"], printed

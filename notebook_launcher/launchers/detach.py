@@ -34,6 +34,28 @@ def check_detachable(plan: LaunchPlan, hosts, display) -> None:
                                   "\"panel\" or \"text\", not a Display object")
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def lifetime(detach_for, detach: bool) -> float | None:
+    """``detach_for`` in seconds (a number, or "90s", "30m", "12h", "2d"), checked."""
+    if detach_for is None:
+        return None
+    if not detach:
+        raise LaunchArgumentError(f"detach_for={detach_for!r} is the lifetime of a detached run: add detach=True, "
+                                  f"or leave out detach_for")
+    text = str(detach_for).strip().lower()
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        seconds = -1.0
+    if isinstance(detach_for, bool) or not seconds > 0 or seconds == float("inf"):
+        raise LaunchArgumentError(f"detach_for={detach_for!r} is not a duration: give seconds (a positive number) "
+                                  f"or a string such as \"30m\", \"12h\", \"2d\"")
+    return seconds
+
+
 def _payload(plan: LaunchPlan) -> bytes:
     """The function and args as the supervisor loads them: a process that does not share this kernel's memory."""
     try:

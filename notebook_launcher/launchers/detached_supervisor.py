@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from ..runs import last_run
@@ -69,7 +70,8 @@ def _outcome(run, error: BaseException | None) -> dict:
         return outcome
     if isinstance(error, KeyboardInterrupt):
         outcome["status"] = "interrupted"
-        outcome["error"] = {"type": "KeyboardInterrupt", "message": "stopped: every rank was ended"}
+        outcome["error"] = {"type": "KeyboardInterrupt", "message": f"run {outcome['run_id']} was stopped "
+                            f"({_stopped_by[0] if _stopped_by else 'interrupted'}): every rank was ended"}
         return outcome
     root = getattr(error, "failure", None)
     outcome["error"] = {"type": type(error).__name__, "message": str(error),
@@ -88,6 +90,29 @@ def _write_result(folder: str, value) -> None:
     write_private(folder, RESULT_HEADER, json.dumps(header).encode())
 
 
+_stopped_by: list = []  # why the run was stopped, first reason first
+
+
+def _stop(reason: str) -> None:
+    """End every rank, as an interrupt of a foreground run does."""
+    _stopped_by.append(reason)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _lifetime(server, seconds: float) -> None:
+    """``detach_for``: the run is stopped once no client has followed it for ``seconds`` (counted from the start
+    while none has come yet)."""
+    alone_since = time.monotonic()
+    while True:
+        time.sleep(min(1.0, seconds / 4))
+        if server.clients:
+            alone_since = time.monotonic()
+        elif time.monotonic() - alone_since >= seconds:
+            server.publish({"note": f"no kernel has followed this run for {seconds:g} s (detach_for): stopping it"})
+            _stop(f"detach_for={seconds:g} s passed with no kernel following it")
+            return
+
+
 def main() -> int:
     from ..launch_plan import LaunchPlan
     from .agent import _load
@@ -100,9 +125,12 @@ def main() -> int:
     log = RunLog()
     folder_fd = os.open(log.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     hello = {**config["describe"], "run_id": log.run_id, "run_dir": log.path, "pid": os.getpid()}
-    server = RunServer(folder_fd, hello, on_stop=lambda: os.kill(os.getpid(), signal.SIGINT))
+    server = RunServer(folder_fd, hello, on_stop=lambda: _stop("stop() from a kernel"))
     write_private(log.path, SUPERVISOR, json.dumps({**hello, "start": process_start(os.getpid()),
                                                     "detach_for": config.get("detach_for")}).encode())
+    if config.get("detach_for"):
+        threading.Thread(target=_lifetime, args=(server, config["detach_for"]), daemon=True,
+                         name="detach-for").start()
     answer = os.dup(1)
     output = os.open(log.file("supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
