@@ -258,8 +258,9 @@ def attach(run_id: str) -> DetachedRun:
     return DetachedRun(os.path.join(root, matches[0]), text)
 
 
-def running_runs() -> list[DetachedRun]:
-    """The detached runs of this user under the runs folder that are going on, newest first."""
+def running_ids() -> list[tuple[str, int]]:
+    """(run id, supervisor pid) of this user's detached runs going on under the runs folder, newest first: read
+    from their folders (no connection made)."""
     root = runs_root()
     try:
         names = sorted((name for name in os.listdir(root) if RUN_ID.fullmatch(name)), reverse=True)
@@ -270,8 +271,19 @@ def running_runs() -> list[DetachedRun]:
         folder = os.path.join(root, name)
         if not os.path.exists(os.path.join(folder, SUPERVISOR)) or os.path.exists(os.path.join(folder, OUTCOME)):
             continue
-        with contextlib.suppress(OSError, RunNotFoundError, PermissionError):
-            run = DetachedRun(folder)
-            if not run.done:
-                found.append(run)
+        with contextlib.suppress(OSError, ValueError, RunNotFoundError, PermissionError):
+            described = _check_folder(folder, name)
+            if process_start(described["pid"]) == described["start"]:
+                found.append((name, described["pid"]))
     return found
+
+
+def running_runs() -> list[DetachedRun]:
+    """The detached runs of this user under the runs folder that are going on, newest first."""
+    runs = []
+    for name, _ in running_ids():
+        with contextlib.suppress(OSError, RunNotFoundError, PermissionError):
+            run = DetachedRun(os.path.join(runs_root(), name))
+            if not run.done:
+                runs.append(run)
+    return runs

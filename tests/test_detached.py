@@ -189,19 +189,22 @@ def _train(folder):
 
 
 def test_a_supervisor_killed_with_sigkill_leaves_no_rank_and_the_run_reads_lost(tmp_path, runs_dir):
-    from notebook_launcher import DetachedRunError, attach, notebook_launcher
+    from notebook_launcher import DetachedRunError, attach, notebook_launcher, recent_runs
+    from notebook_launcher.doctor import check_detached_runs
 
     folder = tmp_path / "work"
     folder.mkdir()
     run = notebook_launcher(_train, args=(str(folder),), num_processes=2, detach=True, display="text")
     assert _wait_until(lambda: len(_pids(folder)) == 2, RESULT_S)
     supervisor, ranks = _supervisor(runs_dir), _pids(folder)
+    assert f"1 running: {run.run_id} (supervisor pid {supervisor})" in check_detached_runs().found  # doctor()
     os.kill(supervisor, signal.SIGKILL)
     _assert_nothing_left([supervisor, *ranks])
     with pytest.raises(DetachedRunError, match="was lost") as lost:
         run.result(timeout=RESULT_S)
     assert lost.value.status == "lost" == attach(run.run_id).status
     assert json.load(open(os.path.join(run.run_dir, "outcome.json")))["status"] == "lost"
+    assert check_detached_runs().found == "none running" and recent_runs(running=True) == []
 
 
 @pytest.mark.parametrize(("keywords", "named"), [
@@ -292,3 +295,18 @@ def test_accelerate_detach_runs_the_cell_detached_and_keeps_what_it_assigns_in_t
         printed = _printed(kc, "run = _\nsent = run.result(timeout=None)\nprint(type(run).__name__, "
                                "sorted(sent['values']), 'answer' in globals())", timeout=RESULT_S)
         assert printed.split() == ["DetachedRun", "['answer']", "False"], printed
+
+
+def test_one_process_runs_detached_in_a_worker(runs_dir):
+    from notebook_launcher import notebook_launcher
+
+    run = notebook_launcher(_twice, args=(21,), num_processes=1, detach=True,
+                            display="text")
+    assert run.result(timeout=RESULT_S) == (42, 1)
+    _assert_nothing_left([_supervisor(runs_dir)])
+
+
+def _twice(x):
+    import torch.distributed as dist
+
+    return x * 2, dist.get_world_size()
