@@ -236,9 +236,12 @@ def _cell() -> int | None:
     return None if shell is None else shell.execution_count
 
 
-def attach(run_id: str) -> DetachedRun:
-    """A detached run of this user on this machine, by id (or a unique part of one, or its folder): its status,
-    result, ``stop()``, and its live panel when displayed. A run that has ended gives its outcome and result."""
+def attach(run_id: str | None = None) -> DetachedRun:
+    """A detached run of this user on this machine, by id (or a unique part of one, or its folder; None: the
+    newest detached run): its status, result, ``stop()``, and its live panel when displayed. A run that has ended
+    gives its outcome and result."""
+    if run_id is None:
+        return _newest()
     if not isinstance(run_id, (str, os.PathLike)):
         raise TypeError(f"attach(run_id={run_id!r}): expected a run id (a str), as recent_runs(running=True) "
                         f"lists them, not a {type(run_id).__name__}")
@@ -256,6 +259,19 @@ def attach(run_id: str) -> DetachedRun:
         raise RunNotFoundError(f"attach({text!r}): {why} under {root} match{'es' if not matches else ''} that id; "
                                f"recent_runs(running=True) lists the detached runs that are going on")
     return DetachedRun(os.path.join(root, matches[0]), text)
+
+
+def _newest() -> DetachedRun:
+    root = runs_root()
+    try:
+        names = sorted((name for name in os.listdir(root) if RUN_ID.fullmatch(name)), reverse=True)
+    except OSError:
+        names = []
+    for name in names:  # (by the id's time stamp, the start of the run)
+        if os.path.exists(os.path.join(root, name, SUPERVISOR)):
+            return DetachedRun(os.path.join(root, name), name)
+    raise RunNotFoundError(f"attach(): there is no detached run under {root}; notebook_launcher(..., detach=True) "
+                           f"starts one")
 
 
 def running_ids() -> list[tuple[str, int]]:

@@ -11,6 +11,7 @@ of what happens is the test's, however loaded the machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,7 +42,8 @@ from notebook_launcher import notebook_launcher
 def train(folder, fail=False):
     import torch.distributed as dist
     rank = dist.get_rank()
-    open(os.path.join(folder, f"rank{rank}.pid"), "w").write(str(os.getpid()))
+    open(os.path.join(folder, f".rank{rank}"), "w").write(str(os.getpid()))
+    os.replace(os.path.join(folder, f".rank{rank}"), os.path.join(folder, f"rank{rank}.pid"))  # whole, or not there
     torch.manual_seed(7 + rank)
     value = {"weights": torch.randn(64, 32, dtype=torch.float64), "rank": rank}
     dist.all_reduce(value["weights"])
@@ -54,6 +56,19 @@ def train(folder, fail=False):
         torch.save(value, os.path.join(folder, "returned.pt"))
     return value
 '''
+
+
+@pytest.fixture(autouse=True)
+def _no_supervisor_left(runs_dir):
+    """After each test, whatever it asserted: a supervisor of its runs still alive is killed (its ranks die with
+    it), so that a failing test leaves nothing running."""
+    yield
+    for folder in runs_dir.glob("*/supervisor.json") if runs_dir.exists() else ():
+        with contextlib.suppress(psutil.Error, ValueError, KeyError):  # (a damaged file a test wrote: none)
+            process = psutil.Process(json.loads(folder.read_text())["pid"])
+            if "detached_supervisor" in " ".join(process.cmdline()):
+                process.kill()
+                process.wait(GONE_S)
 
 
 def _pids(folder) -> list[int]:
@@ -181,8 +196,9 @@ def test_two_kernels_follow_one_run_and_the_second_stops_it(tmp_path, runs_dir):
 def _train(folder):
     import torch.distributed as dist
 
-    with open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w") as out:
+    with open(os.path.join(folder, f".rank{dist.get_rank()}"), "w") as out:
         out.write(str(os.getpid()))
+    os.replace(os.path.join(folder, f".rank{dist.get_rank()}"), os.path.join(folder, f"rank{dist.get_rank()}.pid"))
     while not os.path.exists(os.path.join(folder, "go")):
         time.sleep(0.05)
     return dist.get_rank()
@@ -310,3 +326,22 @@ def _twice(x):
     import torch.distributed as dist
 
     return x * 2, dist.get_world_size()
+
+
+def test_the_detached_run_notebook_runs_across_a_kernel_restart(tmp_path, runs_dir, repo_root):
+    import nbformat
+
+    notebook = nbformat.read(os.path.join(repo_root, "notebooks", "detached_run.ipynb"), as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    after = next(index for index, cell in enumerate(code) if "after-restart" in cell.metadata.get("tags", []))
+    with running_kernel(tmp_path) as (_, kc, _):
+        for cell in code[:after]:
+            reply, outputs = run_cell(kc, cell.source, timeout=RESULT_S)
+            _assert_ok(reply, outputs)
+    supervisor = _supervisor(runs_dir)
+    with running_kernel(tmp_path) as (_, kc, _):  # the restarted kernel
+        for cell in code[after:]:
+            reply, outputs = run_cell(kc, cell.source, timeout=RESULT_S)
+            _assert_ok(reply, outputs)
+        assert _stream(outputs).split() == ["finished", "['bias',", "'weight']"]
+    _assert_nothing_left([supervisor])
