@@ -32,6 +32,7 @@ from .schema.detached_files import (
 )
 from .schema.events import PROGRESS
 from .schema.runfolders import RUN_ID, runs_root
+from .schema.runlog import open_run_file
 
 EXIT_S = 10.0  # how long a supervisor whose socket closed may take to be gone, or to have written its outcome
 CATCH_UP_S = 30.0  # the most attach() waits for the run's state so far (a loaded machine; it is bytes on a socket)
@@ -115,6 +116,10 @@ class DetachedRun:
         self._caught_up.set()
         if self._outcome is None:
             self._read_outcome()
+            if self._panel is not None:
+                from .detached_panel import feed
+
+                feed(self._panel, {"end": self._outcome}, b"")
         self._started.set()
         self._ended.set()
 
@@ -163,6 +168,9 @@ class DetachedRun:
     def done(self) -> bool:
         return self._ended.is_set()
 
+    def wait_ended(self, timeout: float | None = EXIT_S + CATCH_UP_S) -> bool:
+        return self._ended.wait(timeout)
+
     def wait_started(self, timeout: float | None = None) -> bool:
         """Until the ranks started (or the run ended before they could)."""
         return self._started.wait(timeout)
@@ -184,7 +192,7 @@ class DetachedRun:
 
         if not self._has_value:
             header = read_json(self.run_dir, RESULT_HEADER)
-            with open(os.path.join(self.run_dir, RESULT), "rb") as source:
+            with open_run_file(self.run_dir, RESULT) as source:  # (a regular file of the folder, never a link out)
                 self._value = unpack_result(header, source.read())
             self._has_value = True
         return self._value

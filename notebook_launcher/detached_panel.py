@@ -9,6 +9,7 @@ from .detached_channel import Follower, as_event, connect
 from .display.panel import PanelDisplay
 from .display.replay import read_events
 from .display.state import RunState
+from .schema.detached_files import LOST
 
 
 def new_panel(run) -> PanelDisplay:
@@ -29,8 +30,11 @@ def feed(panel: PanelDisplay, header: dict, attachment: bytes) -> None:
         panel.note(header["note"])
     elif "end" in header:
         outcome = header["end"]
-        status = outcome.get("status", "failed")
-        panel.finish(status, failure=outcome.get("panel_failure"), stuck_ranks=outcome.get("stuck_ranks", ()),
+        status, failure = outcome.get("status", "failed"), outcome.get("panel_failure")
+        if status == LOST:  # (the panel's statuses are a run's: a lost run failed, and its card says how)
+            status, failure = "failed", {"kind": "failure", "rank": None, "type": "DetachedRunError", "traceback": "",
+                                         "message": outcome.get("error", {}).get("message", "lost"), "stacks": {}}
+        panel.finish(status, failure=failure, stuck_ranks=outcome.get("stuck_ranks", ()),
                      result_type=outcome.get("result_type") if status == "finished" else None)
 
 
@@ -44,5 +48,15 @@ def show_panel(run) -> PanelDisplay:
             panel.state.observe(event)
         feed(panel, {"end": run.outcome}, b"")
         return panel
-    Follower(connection, lambda header, attachment: feed(panel, header, attachment), lambda: None)
+    ended = []
+
+    def on_message(header: dict, attachment: bytes) -> None:
+        ended.extend(["end"] if "end" in header else [])
+        feed(panel, header, attachment)
+
+    def on_end() -> None:
+        if not ended and run.wait_ended():  # the connection closed without the run's end: its handle says how
+            feed(panel, {"end": run.outcome}, b"")
+
+    Follower(connection, on_message, on_end)
     return panel

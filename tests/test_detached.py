@@ -345,3 +345,29 @@ def test_the_detached_run_notebook_runs_across_a_kernel_restart(tmp_path, runs_d
             _assert_ok(reply, outputs)
         assert _stream(outputs).split() == ["finished", "['bias',", "'weight']"]
     _assert_nothing_left([supervisor])
+
+
+def _large(megabytes):
+    import torch
+
+    return torch.zeros(megabytes * 2**20 // 8, dtype=torch.float64)
+
+
+def test_a_result_the_disk_cannot_hold_fails_clearly(runs_dir):
+    """The supervisor may write files of at most 1 MB (RLIMIT_FSIZE, which it inherits: a disk that cannot hold
+    more); rank 0 returns 8 MB."""
+    import resource
+
+    from notebook_launcher import DetachedRunError, notebook_launcher
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, hard))
+    try:
+        run = notebook_launcher(_large, args=(8,), num_processes=2, detach=True, display="text", results="rank0")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    with pytest.raises(DetachedRunError, match=r"the run finished, but rank 0's result could not be written to "
+                                               r".*File too large") as failed:
+        run.result(timeout=RESULT_S)
+    assert failed.value.status == "failed" and not os.path.exists(os.path.join(run.run_dir, "result.bin"))
+    _assert_nothing_left([_supervisor(runs_dir)])

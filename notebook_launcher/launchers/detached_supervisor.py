@@ -153,7 +153,9 @@ def main() -> int:
     outcome = {**_outcome(run, error), "result_type": result_type}
     if error is not None and run is not None and run.status == "finished":  # the result could not be written
         outcome.update(status="failed", error={"type": type(error).__name__, "message": (
-            f"the run finished, but rank 0's result could not be written to {log.path}: {error}")})
+            f"the run finished, but rank 0's result could not be written to {log.path}: {error}. Free space there "
+            f"(or set NOTEBOOK_LAUNCHER_RUNS_DIR to a folder with room), or return less (e.g. save the weights "
+            f"from rank 0 and return their path)")})
     with contextlib.suppress(OSError):
         write_private(log.path, OUTCOME, json.dumps(outcome, default=str).encode())
     server.publish({"end": outcome})
