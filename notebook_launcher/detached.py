@@ -299,6 +299,8 @@ def running_ids() -> list[tuple[str, int]]:
             described = _check_folder(folder, name)
             if process_start(described["pid"]) == described["start"]:
                 found.append((name, described["pid"]))
+            else:
+                DetachedRun(folder)  # its supervisor is gone without an outcome: recorded as lost
     return found
 
 

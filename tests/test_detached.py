@@ -371,3 +371,38 @@ def test_a_result_the_disk_cannot_hold_fails_clearly(runs_dir):
         run.result(timeout=RESULT_S)
     assert failed.value.status == "failed" and not os.path.exists(os.path.join(run.run_dir, "result.bin"))
     _assert_nothing_left([_supervisor(runs_dir)])
+
+
+def _skips_an_all_reduce():
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins it
+    dist.barrier()
+
+
+def _fails_once(folder):
+    import torch.distributed as dist
+
+    marker = os.path.join(folder, f"tried{dist.get_rank()}")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("the first attempt fails")
+    return "second attempt"
+
+
+def test_a_detached_run_is_supervised_as_a_foreground_run(tmp_path, runs_dir):
+    """The hang diagnosis and the timeout, and max_restarts, in the supervisor: the same errors and results."""
+    from notebook_launcher import LaunchTimeoutError, notebook_launcher
+
+    hung = notebook_launcher(_skips_an_all_reduce, num_processes=2, detach=True, display="text", timeout=5)
+    with pytest.raises(LaunchTimeoutError, match="all_reduce"):
+        hung.result(timeout=RESULT_S)
+    assert hung.status == "timed out"
+    restarted = notebook_launcher(_fails_once, args=(str(tmp_path),), num_processes=2, detach=True, display="text",
+                                  max_restarts=1)
+    assert restarted.result(timeout=RESULT_S) == "second attempt"
+    assert json.load(open(os.path.join(restarted.run_dir, "run.json")))["attempts"] == 2
+    _assert_nothing_left([json.loads(path.read_text())["pid"] for path in runs_dir.glob("*/supervisor.json")])

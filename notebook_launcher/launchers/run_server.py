@@ -125,7 +125,11 @@ class RunServer:
                 connection, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError, OSError):
                 return
-            if peer_uid(connection) != os.getuid():  # (the socket is 0600 in a 0700 folder: never, unless root)
+            try:
+                stranger = peer_uid(connection) != os.getuid()  # (0600 socket, 0700 folder: never, unless root)
+            except OSError:
+                stranger = True
+            if stranger:
                 connection.close()
                 continue
             connection.setblocking(False)
