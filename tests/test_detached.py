@@ -389,6 +389,7 @@ def _fails_once(folder):
     marker = os.path.join(folder, f"tried{dist.get_rank()}")
     if not os.path.exists(marker):
         open(marker, "w").close()
+        dist.barrier()  # (both ranks have marked their first attempt before either fails)
         raise RuntimeError("the first attempt fails")
     return "second attempt"
 

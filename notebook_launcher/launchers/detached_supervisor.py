@@ -94,9 +94,10 @@ _stopped_by: list = []  # why the run was stopped, first reason first
 
 
 def _stop(reason: str) -> None:
-    """End every rank, as an interrupt of a foreground run does."""
+    """End every rank, as an interrupt of a foreground run does (once: a second request changes nothing)."""
     _stopped_by.append(reason)
-    os.kill(os.getpid(), signal.SIGINT)
+    if len(_stopped_by) == 1:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _lifetime(server, seconds: float) -> None:
