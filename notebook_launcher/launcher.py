@@ -62,6 +62,10 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     asks Slurm for the allocation first, shows its job id and squeue's reason while it waits, and gives it back
     at the end (an interrupt or ``timeout=`` cancels it).
 
+    ``detach=True`` returns a ``DetachedRun`` once the ranks have started: a supervisor process of its own runs
+    them (the same supervision), so the run outlives this kernel; ``attach(run_id)`` in any kernel of the same
+    user gives it back (``.status``, ``.progress``, ``.result()``, ``.stop()``; displayed, the live panel).
+
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
