@@ -5,8 +5,10 @@
 """
 
 from ._version import __version__
+from .detached import DetachedRun, attach
 from .doctor import doctor, env_report, same_effective_batch
 from .errors import (
+    DetachedRunError,
     HostFailedError,
     LaunchArgumentError,
     LaunchTimeoutError,
@@ -54,7 +56,9 @@ __all__ = [
     "set_trigger",
     "should_reduce_batch_size",
     # runs and diagnostics
+    "DetachedRun",
     "Run",
+    "attach",
     "doctor",
     "env_report",
     "inspect_run",
@@ -62,6 +66,7 @@ __all__ = [
     "read_run_log",
     "recent_runs",
     # errors
+    "DetachedRunError",
     "DistributedOperationException",
     "HostFailedError",
     "LaunchArgumentError",

@@ -79,7 +79,20 @@ def doctor(num_processes: int | None = None, port: int = 29500, hostfile: str | 
             report.checks += [check_ssh(host, ssh_options) for host in hosts]
             report.checks.append(mpi_sanity_run(hostfile, len(hosts)))
     report.checks.append(check_reproducibility())
+    report.checks.append(check_detached_runs())
     return report
+
+
+def check_detached_runs() -> Check:
+    """The detached runs of this user going on on this machine (each one's supervisor, and its ranks, use it)."""
+    from .detached import running_ids
+
+    running = running_ids()
+    if not running:
+        return Check("detached runs", OK, "none running")
+    listed = ", ".join(f"{run_id} (supervisor pid {pid})" for run_id, pid in running)
+    return Check("detached runs", OK, f"{len(running)} running: {listed}; attach(run_id) follows one, "
+                                      f"attach(run_id).stop() ends it")
 
 
 def check_kernel_release(release: str) -> Check:

@@ -75,3 +75,12 @@ class ResultUnavailableError(NotebookLauncherError, RuntimeError):
 
 class RunNotFoundError(NotebookLauncherError, LookupError):
     """``inspect_run`` (or ``Run.panel``) was given a run that is not in this process nor in the run log folder."""
+
+
+class DetachedRunError(NotebookLauncherError, RuntimeError):
+    """A detached run ended without a result: ``status`` "interrupted" (``stop()``) or "lost" (its supervisor was
+    killed; its ranks died with it)."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status

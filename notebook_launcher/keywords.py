@@ -115,6 +115,17 @@ class LaunchKeywords:
         None, "salloc's options (e.g. `[\"--nodes=2\", \"--time=1:00:00\"]`): from outside a Slurm job, ask for "
         "the allocation first (its job id and squeue's reason shown while it waits; given back at the end)",
         hosts=True)
+    detach: bool = _keyword(
+        False, "run under a supervisor process of its own, which outlives this kernel: returns a `DetachedRun` "
+        "(`.status`, `.progress`, `.result()`, `.stop()`; displayed, the live panel) once the ranks started; "
+        "`attach(run_id)` picks it up from any kernel of the same user. Not yet with `hosts`, `num_nodes>1` or "
+        "`device=\"xla\"`", hosts=True,
+        option={"action": "store_true", "help": "run detached from this kernel (attach(run_id) picks it up)"})
+    detach_for: float | str | None = _keyword(
+        None, "with `detach=True`: the run's lifetime once no kernel follows it any more, in seconds or as `\"30m\"`, "
+        "`\"12h\"`, `\"2d\"`; past it the run is stopped as `stop()` does. None: it runs to its end", hosts=True,
+        option={"flags": ("--detach-for",), "metavar": "DURATION",
+                "help": "with --detach: stop the run this long (e.g. 12h) after the last kernel left it"})
     results: Literal["auto", "all", "rank0"] = _keyword(
         "auto", "which return values come back: `\"auto\"` (rank 0's, and every other rank's that pickles to 64 MB "
         "or less), `\"all\"`, or `\"rank0\"`; `last_run().results` holds them by rank")

@@ -15,6 +15,7 @@ from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .keywords import bind, docstring_list, signature
 from .launchers import HostSettings, launch
+from .launchers.detach import lifetime, start
 from .plan import make_plan
 
 
@@ -61,6 +62,10 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     asks Slurm for the allocation first, shows its job id and squeue's reason while it waits, and gives it back
     at the end (an interrupt or ``timeout=`` cancels it).
 
+    ``detach=True`` returns a ``DetachedRun`` once the ranks have started: a supervisor process of its own runs
+    them (the same supervision), so the run outlives this kernel; ``attach(run_id)`` in any kernel of the same
+    user gives it back (``.status``, ``.progress``, ``.result()``, ``.stop()``; displayed, the live panel).
+
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
     """
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
@@ -74,14 +79,22 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
         raise LaunchArgumentError(
             f"display={display!r} is not one of {', '.join(map(repr, DISPLAYS))}: use \"auto\" (the live panel in "
             f"Jupyter, text elsewhere), \"panel\" or \"text\"")
+    if given.detach not in (True, False):
+        raise LaunchArgumentError(f"detach={given.detach!r}: pass True (a detached run) or False")
+    if given.detach and (given.hosts or given.hostfile):
+        raise LaunchArgumentError("detach=True runs the ranks of this machine only: hosts=/hostfile= (ssh, mpirun, "
+                                  "srun) cannot be detached yet; leave out detach=True to run across hosts")
+    detach_for = lifetime(given.detach_for, given.detach)
     hosts = resolve_hosts(given.hosts, given.hostfile, given.num_nodes, given.node_rank, given.ssh_options,
                           given.start_hosts_with, given.mpirun_options, given.slurm_options)
     planned = given.for_plan()
     if hosts:
         planned.update(num_nodes=len(hosts), master_addr=without_user(hosts[0]))
-    plan = make_plan(function, args, in_workers=bool(hosts), **planned)
+    plan = make_plan(function, args, in_workers=bool(hosts) or given.detach is True, **planned)
     settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
+    if given.detach:
+        return start(plan, settings, display, detach_for=detach_for)
     return launch(plan, display, settings)
 
 

@@ -187,13 +187,15 @@ class AccelerateMagics(Magics):
         else:
             return_names = names_assigned(tree)
         keywords = {settings["dest"]: getattr(args, settings["dest"]) for _, settings in KEYWORD_OPTIONS}
-        if planning.spawns(keywords["start_method"], keywords["device"]):
-            _check_picklable(namespace)
+        if keywords["detach"] or planning.spawns(keywords["start_method"], keywords["device"]):
+            _check_picklable(namespace, "--detach" if keywords["detach"] else "")
         count = max(1, getattr(self.shell, "execution_count", 1) - 1)  # IPython counts this cell already
         filename = f"<accelerate cell In[{count}]>"
         source = "\n" + source  # line numbers as the notebook shows them, the %%accelerate line being line 1
         _register_source(filename, f"%%accelerate {line}" + source)
         result = notebook_launcher(CellProgram(source, filename, namespace, return_names), **keywords)
+        if keywords["detach"]:
+            return result  # the DetachedRun, shown as its panel; what the cell assigns stays in the run
         if not return_names or not isinstance(result, dict):
             return None
         skipped = dict(result["skipped"])
@@ -207,15 +209,17 @@ class AccelerateMagics(Magics):
         return None
 
 
-def _check_picklable(namespace: dict) -> None:
+def _check_picklable(namespace: dict, detach: str = "") -> None:
     from .launchers.payload import first_unpicklable
 
     culprit = first_unpicklable(namespace.items())
     if culprit:
         name, value, exc = culprit
+        where, fix = (("a detached run's supervisor", "leave out --detach") if detach else
+                      ("spawned workers", "use --start-method fork"))
         raise TypeError(
-            f"the cell uses `{name}` (a {type(value).__name__}), which cannot be sent to spawned workers "
-            f"({type(exc).__name__}: {exc}). Create it inside the cell, or use --start-method fork.") from None
+            f"the cell uses `{name}` (a {type(value).__name__}), which cannot be sent to {where} "
+            f"({type(exc).__name__}: {exc}). Create it inside the cell, or {fix}.") from None
 
 
 def load_ipython_extension(ipython) -> None:

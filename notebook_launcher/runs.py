@@ -103,8 +103,14 @@ def last_run() -> Run | None:
     return _recent_runs[-1] if _recent_runs else None
 
 
-def recent_runs() -> list[Run]:
-    """The launches of this process, oldest first (the last ``KEEP_IN_MEMORY``)."""
+def recent_runs(running: bool = False) -> list:
+    """The launches of this process, oldest first (the last ``KEEP_IN_MEMORY``). ``running=True``: instead, the
+    detached runs of this user on this machine that are going on, newest first (``DetachedRun``s, as ``attach``
+    gives them), whichever kernel launched them."""
+    if running:
+        from .detached import running_runs
+
+        return running_runs()
     return list(_recent_runs)
 
 

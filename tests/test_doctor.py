@@ -54,7 +54,7 @@ def test_the_report_lists_every_check_and_the_env_report_its_fields():
     report = doctor(num_processes=2)
     names = [check.name for check in report.checks if not check.name.startswith(("Slurm", "srun"))]  # test_slurm
     assert names == ["Linux kernel", "CUDA in this kernel", "GPUs", "port", "/dev/shm", "open files", "MPI",
-                     "reproducibility"]
+                     "reproducibility", "detached runs"]
     assert all(check.verdict in (OK, WARNING, PROBLEM) for check in report.checks)
     text = env_report()
     for field in ("notebook_launcher:", "Python:", "torch:", "accelerate:", "OS:", "NVIDIA driver:", "GPUs:",

@@ -31,7 +31,7 @@ def test_every_error_of_ours_is_a_notebook_launcher_error():
     errors = [getattr(notebook_launcher, name) for name in notebook_launcher.__all__
               if isinstance(getattr(notebook_launcher, name), type)
               and issubclass(getattr(notebook_launcher, name), BaseException)]
-    assert len(errors) == 8 and all(issubclass(error, NotebookLauncherError) for error in errors)
+    assert len(errors) == 9 and all(issubclass(error, NotebookLauncherError) for error in errors)
     assert notebook_launcher.DistributedOperationException.__name__ == "DistributedOperationException"  # Accelerate's
 
 

@@ -34,11 +34,12 @@ _kernel_checked = False
 
 
 def launch(plan: LaunchPlan, display: str | Display = "auto", hosts: HostSettings | None = None,
-           single_attempt: bool = False) -> Any:
-    """Run the plan; return rank 0's result or raise the one error that tells what happened."""
+           single_attempt: bool = False, log: RunLog | None = None) -> Any:
+    """Run the plan; return rank 0's result or raise the one error that tells what happened. ``log``: the run's
+    log, where its folder was made already (a detached run's supervisor)."""
     __tracebackhide__ = True
     launcher = choose_launcher(plan, hosts)
-    log = RunLog()
+    log = log or RunLog()
     run = Run(run_id=log.run_id, run_dir=log.path, device=plan.device, backend=plan.backend,
               start_method=plan.start_method, num_processes=plan.num_processes, world_size=plan.world_size)
     remember(run)

@@ -1,0 +1,101 @@
+"""``notebook_launcher(..., detach=True)``: the run is handed to a supervisor process of its own session
+(``detached_supervisor.py``), which outlives this kernel; the call returns a ``DetachedRun`` once the ranks have
+started. What cannot be detached yet is refused here, before any process starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from ..detached import DetachedRun
+from ..display.panel import wants_panel
+from ..errors import LaunchArgumentError
+from ..launch_plan import LaunchPlan
+from .payload import spawn_payload
+
+_NOT_CARRIED = ("function", "args", "xla")  # the function and args travel pickled; XLA is refused
+
+
+def check_detachable(plan: LaunchPlan, hosts, display) -> None:
+    """What a detached run cannot be yet, refused with the parameter that asks for it."""
+    if hosts is not None:
+        raise LaunchArgumentError("detach=True runs the ranks of this machine only: hosts cannot be detached yet")
+    if plan.device == "xla":
+        raise LaunchArgumentError('detach=True cannot run device="xla" yet (the XLA runtime is started by one host '
+                                  'process of the kernel); use device="cpu" or "cuda", or leave out detach=True')
+    if plan.num_nodes > 1:
+        raise LaunchArgumentError("detach=True runs one node: num_nodes>1 (each node calling notebook_launcher) "
+                                  "cannot be detached yet; leave out detach=True")
+    if not isinstance(display, str):
+        raise LaunchArgumentError("detach=True draws the run with its own panel: display= must be \"auto\", "
+                                  "\"panel\" or \"text\", not a Display object")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def lifetime(detach_for, detach: bool) -> float | None:
+    """``detach_for`` in seconds (a number, or "90s", "30m", "12h", "2d"), checked."""
+    if detach_for is None:
+        return None
+    if not detach:
+        raise LaunchArgumentError(f"detach_for={detach_for!r} is the lifetime of a detached run: add detach=True, "
+                                  f"or leave out detach_for")
+    text = str(detach_for).strip().lower()
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        seconds = -1.0
+    if isinstance(detach_for, bool) or not seconds > 0 or seconds == float("inf"):
+        raise LaunchArgumentError(f"detach_for={detach_for!r} is not a duration: give seconds (a positive number) "
+                                  f"or a string such as \"30m\", \"12h\", \"2d\"")
+    return seconds
+
+
+def _payload(plan: LaunchPlan) -> bytes:
+    """The function and args as the supervisor loads them: a process that does not share this kernel's memory."""
+    try:
+        return spawn_payload(plan.function, plan.args)
+    except TypeError as exc:
+        text = str(exc).replace("for start_method='spawn'", "for detach=True (a process of its own)")
+        text = text.replace(", or use start_method='fork'.", ", or leave out detach=True.")
+        raise LaunchArgumentError(text) from None
+
+
+def start(plan: LaunchPlan, hosts=None, display: str = "auto", detach_for: float | None = None,
+          started_timeout: float | None = 300.0) -> DetachedRun:
+    """Start the run's supervisor, then return its handle once its ranks started (or it ended first)."""
+    check_detachable(plan, hosts, display)
+    payload = _payload(plan)
+    carried = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name not in _NOT_CARRIED}
+    prefix = plan.log_line_prefix_template
+    describe = {"device": plan.device, "backend": plan.backend, "start_method": plan.start_method,
+                "num_processes": plan.num_processes, "world_size": plan.world_size, "prefix": prefix,
+                "ranks": [plan.global_rank(local) for local in range(plan.num_processes)]}
+    config = {"plan": json.loads(json.dumps(carried)), "describe": describe, "payload_bytes": len(payload),
+              "detach_for": detach_for}
+    process = subprocess.Popen([sys.executable, "-m", "notebook_launcher.launchers.detached_supervisor"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True, cwd=os.getcwd())
+    try:
+        process.stdin.write(json.dumps(config).encode() + b"\n" + payload)
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    answer = process.stdout.readline()
+    process.stdout.close()
+    if not answer:
+        problem = process.stderr.read().decode(errors="replace").strip()
+        process.wait()
+        raise RuntimeError(f"the detached run's supervisor could not start (exit code {process.returncode}):\n"
+                           f"{problem[-4000:]}")
+    process.stderr.close()
+    process.wait()  # (the first process only: the supervisor is its child, and goes on)
+    run = DetachedRun(json.loads(answer)["run_dir"], panel=wants_panel(display))
+    run.wait_started(started_timeout)
+    return run
+
