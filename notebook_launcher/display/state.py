@@ -426,6 +426,7 @@ def _rounded(value):
     return value
 
 
+# the kinds the panel shows (``Kind.panel``; tests/test_event_kinds.py checks it)
 _HANDLERS = {
     STATUS: RunState._on_status, STREAM: RunState._on_stream, LOG: RunState._on_log,
     PROGRESS: RunState._on_progress, FAILURE: RunState._on_failure, EXIT: RunState._on_exit,
