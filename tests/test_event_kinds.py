@@ -4,7 +4,7 @@ kind, so a new kind left out of one fails here, naming the table."""
 from notebook_launcher.display import describe, fallback, state
 from notebook_launcher.display.budget import CARD_LISTS
 from notebook_launcher.display.state import RunState
-from notebook_launcher.schema import events
+from notebook_launcher.schema import events, kinds
 from notebook_launcher.schema.kinds import FALLBACK_PLACES, KINDS
 
 
@@ -23,8 +23,8 @@ def test_every_kind_is_in_every_table():
     for table, (keys, expected) in tables.items():
         assert not expected - set(keys), f"{table} has no entry for {sorted(expected - set(keys))}"
         assert not set(keys) - expected, f"{table} has entries for {sorted(set(keys) - expected)}, not declared so"
-    constants = {value for name, value in vars(events).items() if name.isupper() and value in names}
-    assert constants == set(names), f"schema/events.py has no constant for {sorted(set(names) - constants)}"
+    constants = {value for name, value in vars(kinds).items() if name.isupper() and value in names}
+    assert constants == set(names), f"schema/kinds.py has no constant for {sorted(set(names) - constants)}"
 
 
 def test_each_declaration_says_how_the_panel_and_fallback_show_it():

@@ -1,5 +1,5 @@
-"""Plain lines travel through the kernel in lists (``RankDemux`` → run log, Run.events, failure tracker, displays):
-every stage must do with a list exactly what it does with the same events one by one."""
+"""Plain lines travel through the kernel as runs (``RankDemux`` → run log, Run.events, failure tracker, displays),
+each passed as one event: every stage must show, write and keep a run exactly as the same lines one by one."""
 
 import gc
 import io
@@ -74,7 +74,8 @@ def test_the_run_log_writes_a_list_of_lines_as_it_writes_each_one(runs_dir):
     for event in events:
         one_by_one.write(event)
     for start in range(0, len(events), 37):
-        together.write_lines(as_the_demux_passes_them(events[start:start + 37]))
+        for item in as_the_demux_passes_them(events[start:start + 37]):
+            together.write(item)
     one_by_one.close()
     together.close()
     with open(one_by_one.file("events.jsonl"), encoding="utf-8") as first, \
@@ -118,7 +119,8 @@ def test_the_text_display_prints_a_list_of_lines_as_it_prints_each_one(monkeypat
                 display.show(event)
         else:
             for start in range(0, len(events), 50):
-                display.show_lines(as_the_demux_passes_them(events[start:start + 50]))
+                for item in as_the_demux_passes_them(events[start:start + 50]):
+                    display.show(item)
         outputs.append((out.getvalue(), err.getvalue(), [stream for stream, _ in merged]))
         monkeypatch.undo()
     assert outputs[0][:2] == outputs[1][:2]
@@ -134,7 +136,8 @@ def test_the_panel_state_folds_a_list_of_lines_as_it_folds_each_one():
         for start in range(0, len(events), chunk):
             for event in events[start:start + chunk]:
                 states[0].observe(event)
-            states[1].observe_lines(as_the_demux_passes_them(events[start:start + chunk]))
+            for item in as_the_demux_passes_them(events[start:start + chunk]):
+                states[1].observe(item)
             if start % (3 * chunk) == 0:  # (read now and then, as the panel's updates do)
                 assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
         assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
@@ -147,7 +150,8 @@ def test_the_failure_tracker_keeps_the_same_context_from_a_list_of_lines():
     for event in events:
         trackers[0].observe(event)
     for rank in (0, 1):
-        trackers[1].observe_lines(as_the_demux_passes_them([event for event in events if event.rank == rank]))
+        for item in as_the_demux_passes_them([event for event in events if event.rank == rank]):
+            trackers[1].observe(item)
     failure = Event(1, 999, 200.0, "failure", {"type": "ValueError", "message": "boom", "traceback": ""})
     for tracker in trackers:
         tracker.observe(failure)

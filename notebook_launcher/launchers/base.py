@@ -23,6 +23,6 @@ class Launcher(Protocol):
                policy: RestartPolicy) -> Any:
         """Run every attempt of ``plan`` and return rank 0's result, or raise the error that says what happened
         (with ``run``'s status set). Each attempt's events go through ``events`` (``begin(ranks)``, ``on_event``
-        or ``on_lines``, ``end()``, and ``finished()`` for the result); after a failed attempt ``policy.next_plan``
-        says whether there is another, so restarts behave the same in every mechanism."""
+        for each event or run of lines, ``end()``, and ``finished()`` for the result); after a failed attempt
+        ``policy.next_plan`` says whether there is another, so restarts behave the same in every mechanism."""
         ...

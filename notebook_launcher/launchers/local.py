@@ -70,7 +70,7 @@ class LocalLauncher(Launcher):
             events.begin(plan.global_rank(local) for local in range(plan.num_processes))
             supervisor = Supervisor(plan, events.on_event, payload_path, on_tick=events.tick,
                                     store_listen_fd=reservation.fileno() if reservation else -1,
-                                    progress_dir=run.run_dir, on_lines=events.on_lines)
+                                    progress_dir=run.run_dir)
             try:  # once started, rank 0 has its own copy of the listening socket; run() ends every worker itself
                 outcome = supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
             finally:
