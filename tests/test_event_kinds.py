@@ -35,4 +35,4 @@ def test_each_declaration_says_how_the_panel_and_fallback_show_it():
         assert kind.panel or not (kind.cards or kind.fallback), f"{kind.name}: the fallback shows the panel's state"
         assert not kind.cards or type(keys[kind.cards]) is list, f"{kind.name}: cards={kind.cards!r} is no list"
         assert bool(kind.cards) or kind.fallback != "cards", f"{kind.name}: fallback 'cards' without cards"
-    assert CARD_LISTS == ("shape_mismatches", "triggers", "oom_retries", "hangs")  # what the saved output cuts
+    assert set(CARD_LISTS) == {kind.cards for kind in KINDS if kind.cards}  # the saved output cuts every list

@@ -139,7 +139,7 @@ def _trigger_lines(card: dict) -> list[tuple[str, str | None]]:
 
 # the lines of each card of the kinds the fallback shows as cards (``Kind.fallback == "cards"``), in KINDS' order
 CARD_LINES = {SHAPE_MISMATCH: _shape_mismatch_lines, TRIGGER: _trigger_lines}
-_CARDS = tuple((kind.cards, CARD_LINES[kind.name]) for kind in KINDS if kind.fallback == "cards")
+_CARDS = tuple((kind.cards, CARD_LINES[kind.name]) for kind in KINDS if kind.cards and kind.name in CARD_LINES)
 
 
 def _other_cards(state: dict) -> list[tuple[str, str | None]]:
