@@ -33,6 +33,7 @@ def test_each_declaration_says_how_the_panel_and_fallback_show_it():
         assert kind.doc.strip(), f"{kind.name}: no words for its data"
         assert kind.fallback in FALLBACK_PLACES, f"{kind.name}: fallback={kind.fallback!r} is none of {FALLBACK_PLACES}"
         assert kind.panel or not (kind.cards or kind.fallback), f"{kind.name}: the fallback shows the panel's state"
-        assert not kind.cards or type(keys[kind.cards]) is list, f"{kind.name}: cards={kind.cards!r} is no list"
+        assert not kind.cards or type(keys.get(kind.cards)) is list, (
+            f"{kind.name}: cards={kind.cards!r} is no list of display/state.py's to_json()")
         assert bool(kind.cards) or kind.fallback != "cards", f"{kind.name}: fallback 'cards' without cards"
     assert set(CARD_LISTS) == {kind.cards for kind in KINDS if kind.cards}  # the saved output cuts every list
