@@ -85,11 +85,6 @@ def expand_lines(lines) -> list[Event]:
     return [event for item in lines for event in (item.events() if type(item) in RUNS else (item,))]
 
 
-def count_lines(lines) -> int:
-    """How many lines a list of plain lines holds."""
-    return sum(len(item) if type(item) in RUNS else 1 for item in lines)
-
-
 def retained_bytes(value) -> int:
     """The bytes ``value`` holds in memory: ``sys.getsizeof`` of it and of everything in it (the dicts, lists
     and tuples and what they hold: a display's bundle, its metadata, a widget's view, each counted by what it
