@@ -10,9 +10,10 @@ import sys
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
 from notebook_launcher.schema.events import LOG, LOG_FRAME, RECORD_KEYS, STREAM, Event
-from notebook_launcher.schema.lines import EventList, LogRecords, StreamLines
+from notebook_launcher.schema.lines import EventList, LogRecords, StreamLines, expand_lines
 from notebook_launcher.schema.runlog import RunLog
 from notebook_launcher.supervision.failure import FailureTracker
+from notebook_launcher.supervision.ordering import InOrderRelease
 
 TEXTS = ["plain", "", "with \"quotes\" and \\ backslash", "tab\there", "é ünïcode ✓ 中文", "\x1b[31mred\x1b[0m",
          "a | pipe", "x" * 3000, "line\u2028separator", "nul \x00 byte"]
@@ -171,3 +172,25 @@ class Tee(io.TextIOBase):
 def _runs(streams):
     """The order of turns between stdout and stderr (consecutive writes to one stream are one turn)."""
     return [stream for index, stream in enumerate(streams) if index == 0 or streams[index - 1] != stream]
+
+
+def test_a_run_held_behind_in_order_records_comes_out_whole_and_in_its_place():
+    """While rank 0's in_order record waits for rank 1's, rank 0's later prints wait behind it, as a run whole
+    or line by line alike; rank 1's own prints go on at once."""
+    held = Event(0, 1, 1.0, LOG, {"message": "first", "in_order": 1})
+    prints0 = StreamLines(0, 2, 1.1, "stdout", ["a", "b", "c"])
+    prints1 = StreamLines(1, 1, 1.2, "stdout", ["x", "y"])
+    answer = Event(1, 3, 1.3, LOG, {"message": "first of rank 1", "in_order": 1})
+    shown = {}
+    for feed in ("runs", "lines"):
+        out: list = []
+        order = InOrderRelease([0, 1], out.append)
+        for item in (held, prints0, prints1, answer):
+            for each in ([item] if feed == "runs" else expand_lines([item])):
+                order.push(each)
+        order.release(everything=True)
+        shown[feed] = [(event.rank, event.data.get("text") or event.data["message"]) for event in expand_lines(out)]
+        if feed == "runs":
+            assert prints0 in out and prints1 in out  # (each run passed on as one)
+    assert shown["runs"] == shown["lines"] == [(1, "x"), (1, "y"), (0, "first"), (0, "a"), (0, "b"), (0, "c"),
+                                               (1, "first of rank 1")]
