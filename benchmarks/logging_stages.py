@@ -120,7 +120,7 @@ def kernel_side(directory: str) -> dict:
                       for i in range(N))  # as a worker's get_logger sends them (EventWriter.emit_record)
     prints = b"".join(compact_frame((0, f"line {i} of rank 0\n")) for i in range(N))  # and its print (emit_text)
     record_lists, print_lists = demuxed(frames), demuxed(prints)  # what the demux passes on, read by read
-    events = [event for lines in record_lists for event in expand_lines(lines)]
+    events = expand_lines(record_lists)
     run_log = RunLog(os.path.join(directory, "runs"))
     text = TextDisplay("[rank ${rank}] ")
     order = InOrderRelease([0, 1], lambda event: None)
@@ -131,18 +131,18 @@ def kernel_side(directory: str) -> dict:
             for event in events:
                 text.show(event)
 
-    def show_lines(lists):
+    def show_runs(runs):
         with contextlib.redirect_stdout(sink):
-            for lines in lists:
-                text.show_lines(lines)
+            for run in runs:
+                text.show(run)
 
-    def each(stage, lists):
-        return lambda: [stage(lines) for lines in lists]
+    def each(stage, runs):
+        return lambda: [stage(run) for run in runs]
 
-    def panel(lists):
+    def panel(runs):
         state = RunState("bench", directory, "cpu", "gloo", "fork", 2, 2, range(2))
-        for lines in lists:
-            state.observe_lines(lines)
+        for run in runs:
+            state.observe(run)
         return state.to_json()  # (the panel's lines are made when it is read)
 
     try:
@@ -150,16 +150,16 @@ def kernel_side(directory: str) -> dict:
             "decode record frames (RankDemux.feed, 32 KB reads)": per_line(lambda: demuxed(frames)),
             "decode print frames": per_line(lambda: demuxed(prints)),
             "run log line, one by one (RunLog.write)": per_line(lambda: [run_log.write(event) for event in events]),
-            "run log, records as the demux passes them (write_lines)": per_line(each(run_log.write_lines,
-                                                                                      record_lists)),
-            "run log, prints as the demux passes them": per_line(each(run_log.write_lines, print_lists)),
-            "Run.events, records kept (EventList.extend_lines)": per_line(each(EventList().extend_lines, record_lists)),
+            "run log, records as the demux passes them (runs)": per_line(each(run_log.write, record_lists)),
+            "run log, prints as the demux passes them": per_line(each(run_log.write, print_lists)),
+            "Run.events, records kept (EventList.extend_lines)": per_line(lambda: EventList().extend_lines(
+                record_lists)),
             "in-order buffer, one by one (InOrderRelease.push)": per_line(lambda: [order.push(event) for event in events]),
             "text display, one by one (TextDisplay.show, to a StringIO)": per_line(show),
-            "text display, records together (show_lines)": per_line(lambda: show_lines(record_lists)),
-            "text display, prints together": per_line(lambda: show_lines(print_lists)),
-            "panel state, one by one (RunState.observe)": per_line(lambda: panel([[event] for event in events])),
-            "panel state, records together, then read (observe_lines)": per_line(lambda: panel(record_lists)),
+            "text display, record runs (show)": per_line(lambda: show_runs(record_lists)),
+            "text display, print runs": per_line(lambda: show_runs(print_lists)),
+            "panel state, one by one (RunState.observe)": per_line(lambda: panel(events)),
+            "panel state, record runs, then read (observe)": per_line(lambda: panel(record_lists)),
             "panel state, prints together, then read": per_line(lambda: panel(print_lists)),
         }
     finally:
@@ -167,7 +167,7 @@ def kernel_side(directory: str) -> dict:
 
 
 def demuxed(frames: bytes) -> list:
-    """The lists of lines the demux passes on for ``frames`` read as a flood is, 32 KB at a time."""
+    """The runs of lines the demux passes on for ``frames`` read as a flood is, 32 KB at a time."""
     demux, lists = RankDemux(0), []
     for start in range(0, len(frames), LINES_READ_BYTES):
         lists += demux.feed("events", frames[start:start + LINES_READ_BYTES])

@@ -138,7 +138,7 @@ def _story(clock: _Clock) -> dict:
     s.step()
     for i in range(10):
         s.line(0, f"burst {i}", dt=0.01)  # more lines than the receiver keeps: lines_total comes
-    s.state.observe_lines([StreamLines(1, s.seq + 1, clock.now, "stdout", [f"flood {i}" for i in range(7)])])
+    s.state.observe(StreamLines(1, s.seq + 1, clock.now, "stdout", [f"flood {i}" for i in range(7)]))
     s.seq += 7
     s.step()
     s.event(-1, HANG_NOTICE, dt=30.0, state="open", quiet_s=30.0, text="possible hang: ...", diverged=1,

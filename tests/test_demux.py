@@ -16,8 +16,8 @@ from notebook_launcher.supervision.demux import RankDemux
 
 
 def flat(items):
-    """What the demux yields, as events: its lists of plain lines opened."""
-    return [event for item in items for event in (expand_lines(item) if type(item) is list else [item])]
+    """What the demux yields, as events: its runs of plain lines opened."""
+    return expand_lines(items)
 
 
 def lines(events, stream=None):
@@ -94,7 +94,7 @@ def test_a_stack_dump_the_kernel_asked_for_is_marked_and_the_ranks_own_lines_are
     assert not flat(demux.feed("stderr", DUMP))[0].data.get("stack_dump")  # one dump per request
 
 
-def test_plain_lines_come_in_lists_and_anything_else_between_them_keeps_its_place():
+def test_a_run_of_plain_lines_is_one_item_and_anything_else_between_them_keeps_its_place():
     from notebook_launcher.schema.events import STATUS
 
     demux = RankDemux(rank=2)
@@ -104,24 +104,25 @@ def test_plain_lines_come_in_lists_and_anything_else_between_them_keeps_its_plac
              + encode_frame(2, 4, LOG, {"message": "in order", "in_order": 1})  # held for rank order: alone
              + encode_frame(2, 5, OUTPUT, {"stream": "stderr", "text": "three\n"}))
     items = list(demux.feed("events", chunk))
-    shapes = [[e.kind for e in expand_lines(item)] if type(item) is list else item.kind for item in items]
-    assert shapes == [[STREAM, STREAM, LOG], "status", LOG, [STREAM]]
-    assert [type(line).__name__ for line in items[0]] == ["StreamLines", "Event"]  # a run of lines is one item
+    assert [item.kind for item in items] == [STREAM, LOG, "status", LOG, STREAM]
+    assert [type(item).__name__ for item in items] == ["StreamLines", "Event", "Event", "Event", "StreamLines"]
+    assert [len(item.texts) for item in items if type(item).__name__ == "StreamLines"] == [2, 1]  # a run is one
     assert [e.seq for e in flat(items)] == [1, 2, 3, 4, 5, 6]
     fd_lines = list(demux.feed("stdout", b"from C\nand more\n"))
-    assert [[e.data["text"] for e in expand_lines(item)] for item in fd_lines] == [["from C", "and more"]]
-    assert [e.seq for e in expand_lines(fd_lines[0])] == [7, 8]
+    assert [type(item).__name__ for item in fd_lines] == ["StreamLines"]
+    assert [e.data["text"] for e in flat(fd_lines)] == ["from C", "and more"]
+    assert [e.seq for e in flat(fd_lines)] == [7, 8]
 
 
 def test_consecutive_prints_of_one_read_are_one_run_of_lines_and_a_stream_change_starts_another():
     demux = RankDemux(rank=0)
     chunk = b"".join(text_frame((0, f"out {i}\n")) for i in range(5)) + text_frame((1, "err\n")) + \
         text_frame((0, "a\nb\n")) + text_frame((0, "no end"))
-    (lines,) = list(demux.feed("events", chunk))
+    lines = list(demux.feed("events", chunk))
     assert [(item.stream, item.seq, item.texts) for item in lines] == [
         ("stdout", 1, [f"out {i}" for i in range(5)]), ("stderr", 6, ["err"]), ("stdout", 7, ["a", "b"])]
     assert len({item.time for item in lines}) == 1
-    (more,) = list(demux.feed("events", text_frame((0, ", ended\n"))))
+    more = list(demux.feed("events", text_frame((0, ", ended\n"))))
     assert [(item.seq, item.texts) for item in more] == [(9, ["no end, ended"])]
 
 
@@ -139,7 +140,7 @@ def test_compact_frames_are_prints_and_log_records_and_a_malformed_one_is_a_corr
     demux = RankDemux(rank=1)
     items = list(demux.feed("events", text_frame((0, "printed\nand more\n")) + text_frame((1, "to stderr\n"))
                             + text_frame((2, 12.5, *RECORD, 7)) + text_frame((2, 13.5, *RECORD, 8))))
-    assert [type(item).__name__ for item in items[0]] == ["StreamLines", "StreamLines", "LogRecords"]
+    assert [type(item).__name__ for item in items] == ["StreamLines", "StreamLines", "LogRecords"]
     events = flat(items)
     assert [(e.data["stream"], e.data["text"]) for e in events[:3]] == [
         ("stdout", "printed"), ("stdout", "and more"), ("stderr", "to stderr")]

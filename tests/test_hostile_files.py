@@ -121,7 +121,7 @@ def test_nan_and_infinite_times_are_written_as_null_and_read_as_the_row_before(r
     log.write(Event(0, 0, 100.0, STREAM, {"stream": "stdout", "text": "first"}))
     log.write(Event(0, 1, float("nan"), STREAM, {"stream": "stdout", "text": "at NaN"}))
     log.write(Event(1, 2, float("inf"), PROGRESS, {"step": 1, "metrics": {"loss": float("-inf")}}))
-    log.write_lines([StreamLines(1, 3, float("nan"), "stdout", ["a line at NaN"])])
+    log.write(StreamLines(1, 3, float("nan"), "stdout", ["a line at NaN"]))
     log.write(Event(0, 4, 102.5, STREAM, {"stream": "stdout", "text": "last"}))
     log.write_summary({"run_id": log.run_id, "status": "finished", "duration_s": float("nan"), "world_size": 2})
     log.close()

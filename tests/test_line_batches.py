@@ -1,5 +1,5 @@
-"""Plain lines travel through the kernel in lists (``RankDemux`` → run log, Run.events, failure tracker, displays):
-every stage must do with a list exactly what it does with the same events one by one."""
+"""Plain lines travel through the kernel as runs (``RankDemux`` → run log, Run.events, failure tracker, displays),
+each passed as one event: every stage must show, write and keep a run exactly as the same lines one by one."""
 
 import gc
 import io
@@ -10,9 +10,10 @@ import sys
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
 from notebook_launcher.schema.events import LOG, LOG_FRAME, RECORD_KEYS, STREAM, Event
-from notebook_launcher.schema.lines import EventList, LogRecords, StreamLines
+from notebook_launcher.schema.lines import EventList, LogRecords, StreamLines, expand_lines
 from notebook_launcher.schema.runlog import RunLog
 from notebook_launcher.supervision.failure import FailureTracker
+from notebook_launcher.supervision.ordering import InOrderRelease
 
 TEXTS = ["plain", "", "with \"quotes\" and \\ backslash", "tab\there", "é ünïcode ✓ 中文", "\x1b[31mred\x1b[0m",
          "a | pipe", "x" * 3000, "line\u2028separator", "nul \x00 byte"]
@@ -74,7 +75,8 @@ def test_the_run_log_writes_a_list_of_lines_as_it_writes_each_one(runs_dir):
     for event in events:
         one_by_one.write(event)
     for start in range(0, len(events), 37):
-        together.write_lines(as_the_demux_passes_them(events[start:start + 37]))
+        for item in as_the_demux_passes_them(events[start:start + 37]):
+            together.write(item)
     one_by_one.close()
     together.close()
     with open(one_by_one.file("events.jsonl"), encoding="utf-8") as first, \
@@ -118,7 +120,8 @@ def test_the_text_display_prints_a_list_of_lines_as_it_prints_each_one(monkeypat
                 display.show(event)
         else:
             for start in range(0, len(events), 50):
-                display.show_lines(as_the_demux_passes_them(events[start:start + 50]))
+                for item in as_the_demux_passes_them(events[start:start + 50]):
+                    display.show(item)
         outputs.append((out.getvalue(), err.getvalue(), [stream for stream, _ in merged]))
         monkeypatch.undo()
     assert outputs[0][:2] == outputs[1][:2]
@@ -134,7 +137,8 @@ def test_the_panel_state_folds_a_list_of_lines_as_it_folds_each_one():
         for start in range(0, len(events), chunk):
             for event in events[start:start + chunk]:
                 states[0].observe(event)
-            states[1].observe_lines(as_the_demux_passes_them(events[start:start + chunk]))
+            for item in as_the_demux_passes_them(events[start:start + chunk]):
+                states[1].observe(item)
             if start % (3 * chunk) == 0:  # (read now and then, as the panel's updates do)
                 assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
         assert states[1].to_json()["ranks"] == states[0].to_json()["ranks"]
@@ -147,7 +151,8 @@ def test_the_failure_tracker_keeps_the_same_context_from_a_list_of_lines():
     for event in events:
         trackers[0].observe(event)
     for rank in (0, 1):
-        trackers[1].observe_lines(as_the_demux_passes_them([event for event in events if event.rank == rank]))
+        for item in as_the_demux_passes_them([event for event in events if event.rank == rank]):
+            trackers[1].observe(item)
     failure = Event(1, 999, 200.0, "failure", {"type": "ValueError", "message": "boom", "traceback": ""})
     for tracker in trackers:
         tracker.observe(failure)
@@ -167,3 +172,25 @@ class Tee(io.TextIOBase):
 def _runs(streams):
     """The order of turns between stdout and stderr (consecutive writes to one stream are one turn)."""
     return [stream for index, stream in enumerate(streams) if index == 0 or streams[index - 1] != stream]
+
+
+def test_a_run_held_behind_in_order_records_comes_out_whole_and_in_its_place():
+    """While rank 0's in_order record waits for rank 1's, rank 0's later prints wait behind it, as a run whole
+    or line by line alike; rank 1's own prints go on at once."""
+    held = Event(0, 1, 1.0, LOG, {"message": "first", "in_order": 1})
+    prints0 = StreamLines(0, 2, 1.1, "stdout", ["a", "b", "c"])
+    prints1 = StreamLines(1, 1, 1.2, "stdout", ["x", "y"])
+    answer = Event(1, 3, 1.3, LOG, {"message": "first of rank 1", "in_order": 1})
+    shown = {}
+    for feed in ("runs", "lines"):
+        out: list = []
+        order = InOrderRelease([0, 1], out.append)
+        for item in (held, prints0, prints1, answer):
+            for each in ([item] if feed == "runs" else expand_lines([item])):
+                order.push(each)
+        order.release(everything=True)
+        shown[feed] = [(event.rank, event.data.get("text") or event.data["message"]) for event in expand_lines(out)]
+        if feed == "runs":
+            assert prints0 in out and prints1 in out  # (each run passed on as one)
+    assert shown["runs"] == shown["lines"] == [(1, "x"), (1, "y"), (0, "first"), (0, "a"), (0, "b"), (0, "c"),
+                                               (1, "first of rank 1")]

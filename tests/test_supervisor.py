@@ -14,6 +14,7 @@ from notebook_launcher.cluster.ports import reserve_port
 from notebook_launcher.launchers.payload import spawn_payload
 from notebook_launcher.plan import make_plan
 from notebook_launcher.schema.events import EXIT, FAILURE, RESULT, STREAM
+from notebook_launcher.schema.lines import expand_lines
 from notebook_launcher.schema.results import unpack_result
 from notebook_launcher.supervision.supervisor import Supervisor
 
@@ -33,10 +34,11 @@ def supervise(function, args=(), start_method="fork", timeout=None, progress_dir
             out.write(spawn_payload(function, plan.args))
     events = []
 
-    def keep(event):
-        events.append(event)
-        if on_event is not None:
-            on_event(event)
+    def keep(event):  # (a run of lines comes whole: kept as its lines, one Event each)
+        for line in expand_lines((event,)):
+            events.append(line)
+            if on_event is not None:
+                on_event(line)
 
     supervisor = Supervisor(plan, keep, payload_path, on_tick=on_tick, store_listen_fd=reservation.fileno(),
                             progress_dir=progress_dir)

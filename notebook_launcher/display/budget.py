@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from ..schema.kinds import CARD_LISTS
+
 SAVED_BYTES = 200_000
 NOTABLE_PER_RANK = 20  # warnings and errors of a rank that the fallbacks keep when its older lines are cut
 NOTABLE = ("WARNING", "ERROR", "CRITICAL")
@@ -170,7 +172,7 @@ def _bounded_parts(payload: dict, limit: int) -> dict:
                           "stacks": dict(_newest(sorted(stacks.items(), key=lambda item: int(item[0])
                                                         if item[0].lstrip("-").isdigit() else 0),
                                                  cards // 4, oldest_first=True))}
-    for key in ("shape_mismatches", "oom_retries", "triggers", "hangs"):
+    for key in CARD_LISTS:
         out[key] = _newest(payload.get(key) or [], cards // 8)
     hang = payload.get("hang")
     if hang and len(json.dumps(hang)) > cards // 4:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..schema.events import (
+    AGENT_EVENT,
     BALANCE,
     BATCH_SIZE,
     DISPLAY,
@@ -23,6 +24,8 @@ from ..schema.events import (
     HANG_NOTICE,
     LAUNCHER,
     LOG,
+    NODE_ERROR_EVENT,
+    NOTE_EVENT,
     OOM_RETRY,
     OUTPUT,
     PROGRESS,
@@ -247,9 +250,10 @@ def _text_escaped(data: dict, rank: int | None) -> Description:
     return Description(TEXT_ESCAPED, "", 0, text, "", (launcher_line(text),))
 
 
-_KINDS: dict[str, Callable[[dict, Any], Description | None]] = {
+# every kind of ``kinds.KINDS`` (tests/test_event_kinds.py checks it); None: read as its data, as it is
+_KINDS: dict[str, Callable[[dict, Any], Description | None] | None] = {
     STREAM: _stream, OUTPUT: _output, LOG: _log, FAILURE: _failure, EXIT: _exit, STATUS: _status, RESULT: _result,
     LAUNCHER: _launcher, PROGRESS: _progress, BALANCE: _balance, SHAPE_MISMATCH: _shape_mismatch, TRIGGER: _trigger,
     BATCH_SIZE: _batch_size, OOM_RETRY: _oom_retry, RESTART: _restart, HANG_NOTICE: _hang_notice,
-    DISPLAY: _display, TEXT_ESCAPED: _text_escaped,
+    DISPLAY: _display, TEXT_ESCAPED: _text_escaped, AGENT_EVENT: None, NOTE_EVENT: None, NODE_ERROR_EVENT: None,
 }

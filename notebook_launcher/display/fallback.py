@@ -15,7 +15,8 @@ from __future__ import annotations
 import html
 import string
 
-from ..schema.events import LOG, TRIGGER
+from ..schema.events import LOG, SHAPE_MISMATCH, TRIGGER
+from ..schema.kinds import KINDS
 from ..schema.status import RunStatus, StopReason
 from .describe import describe, launcher_line, log_line
 from .summary import rank_row, run_summary, seconds
@@ -127,15 +128,23 @@ def _earlier_hangs(state: dict) -> list[str]:
     return out
 
 
+def _shape_mismatch_lines(card: dict) -> list[tuple[str, str | None]]:
+    return [(f"shape mismatch in {card['operation']}:", _RED)] + [
+        (f"  - Process {p['rank']}: {p['shape']} {p['dtype'] or ''} at {p['call_site']}".rstrip(), None)
+        for p in card["processes"]]
+
+
+def _trigger_lines(card: dict) -> list[tuple[str, str | None]]:
+    return [(f"rank {card['rank']} called {describe(TRIGGER, card).text}", None)]
+
+
+# the lines of each card of the kinds the fallback shows as cards (``Kind.fallback == "cards"``), in KINDS' order
+CARD_LINES = {SHAPE_MISMATCH: _shape_mismatch_lines, TRIGGER: _trigger_lines}
+_CARDS = tuple((kind.cards, CARD_LINES[kind.name]) for kind in KINDS if kind.cards and kind.name in CARD_LINES)
+
+
 def _other_cards(state: dict) -> list[tuple[str, str | None]]:
-    out: list[tuple[str, str | None]] = []
-    for card in state["shape_mismatches"]:
-        out.append((f"shape mismatch in {card['operation']}:", _RED))
-        out += [(f"  - Process {p['rank']}: {p['shape']} {p['dtype'] or ''} at {p['call_site']}".rstrip(), None)
-                for p in card["processes"]]
-    for trigger in state["triggers"]:
-        out.append((f"rank {trigger['rank']} called {describe(TRIGGER, trigger).text}", None))
-    return out
+    return [line for key, lines in _CARDS for card in state[key] for line in lines(card)]
 
 
 def text_lines(state: dict, prefix_template: str = "[rank ${rank}] ") -> list[tuple[str, str | None]]:

@@ -102,17 +102,14 @@ class PanelDisplay(FinishingDisplay):
         """The MIME bundle of the state as it is, within ``limit`` bytes as saved."""
         return bounded_bundle({**self.state.to_json(), "seq": self.tracker.seq}, self.render, limit)
 
+    shows_runs = True  # (protocol.py) a run of lines comes whole: folded in at once (RunState.observe)
+
     def show(self, event: Event) -> None:
         self.state.observe(event)
         if event.kind == DISPLAY:
             if self._handle is None:
                 self.publish()  # the panel first, the rank's outputs below it
             self.rich.show(event)
-        self.tick()
-
-    def show_lines(self, lines: list) -> None:
-        """``show`` for plain lines read together (Events and runs of lines): folded in together, then one tick."""
-        self.state.observe_lines(lines)
         self.tick()
 
     def note(self, text: str) -> None:

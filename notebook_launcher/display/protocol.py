@@ -2,10 +2,9 @@
 
 The launcher feeds a display from the launching cell's thread: every event in order (``show``), its own lines
 (``note``), a call every few hundred milliseconds while waiting (``tick``, for displays that redraw), and,
-after a c10d rendezvous, which ranks this node got (``retarget``). A display may also have
-``show_lines(lines)``: consecutive plain lines of one rank in one list (runs of prints and of log records as
-``lines.StreamLines`` and ``lines.LogRecords``, any other line as its Event), as ``show`` would get them one by
-one (the launcher uses it where it exists; ``lines.expand_lines`` gives the Events).
+after a c10d rendezvous, which ranks this node got (``retarget``). A display whose class says
+``shows_runs = True`` gets a run of one rank's lines read together (``lines.StreamLines``, ``lines.LogRecords``)
+through ``show`` whole, as one event; any other gets each of their lines as an Event (``shown_whole``).
 ``TextDisplay`` and ``PanelDisplay`` are displays; so is the agent's ``ForwardingDisplay``, which sends
 everything to the launching kernel instead.
 
@@ -14,10 +13,11 @@ everything to the launching kernel instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from ..schema.events import Event
+from ..schema.lines import RUNS
 
 
 @runtime_checkable
@@ -51,3 +51,19 @@ def is_display(obj: Any) -> bool:
     """True if ``obj`` has what the launcher calls on a display (``show``, ``note``, ``tick``, ``retarget``): an
     instance (a display's class has them too, as functions that want an instance)."""
     return not isinstance(obj, (str, type)) and isinstance(obj, Display)
+
+
+def shown_whole(display: Display) -> Callable[[Any], None]:
+    """What to pass every event of a run to, for ``display``: its ``show``, which takes a run of lines whole
+    where the display says so (``shows_runs``); else a ``show`` that gives it each line of a run as an Event."""
+    show = display.show
+    if getattr(display, "shows_runs", False):
+        return show
+
+    def each_line(event) -> None:
+        if type(event) in RUNS:
+            for line in event.events():
+                show(line)
+        else:
+            show(event)
+    return each_line

@@ -98,41 +98,31 @@ class RunState:
 
     # -- events ------------------------------------------------------------------------------------------------
     def observe(self, event: Event) -> None:
+        """One event; a run of lines (``lines.StreamLines``, ``LogRecords``) whole, kept as it is in its rank's
+        column (``RankState.add_run``), unless it may hold a tqdm bar (read line by line, as its Events)."""
+        kind = type(event)
+        if kind is StreamLines or kind is LogRecords:
+            if kind is StreamLines and "|" in "".join(event.texts):
+                for line in event.events():
+                    self.observe(line)
+            else:
+                self._add_run(event)
+            return
         handler = _HANDLERS.get(event.kind)
         if handler is not None:
             handler(self, event)
             self.changes += 1
 
-    def observe_lines(self, lines: list) -> None:
-        """``observe`` for plain lines read together (Events, ``StreamLines``, ``LogRecords``): plain stream lines
-        (not a tqdm bar) are added in place, runs of lines as they are (``RankState.add_run``)."""
-        started, ranks = self._started, self.ranks
-        for item in lines:
-            if type(item) is StreamLines and "|" in "".join(item.texts):  # maybe a tqdm bar: as observe reads it
-                for event in item.events():
-                    self.observe(event)
-                continue
-            if type(item) is StreamLines or type(item) is LogRecords:
-                rank = ranks.get(item.rank) or self._rank(item)
-                rank.add_run(self._line_count + 1, started, item)
-                for index, frame in enumerate(item.frames if type(item) is LogRecords else (), self._line_count + 1):
-                    self._levels.add(item.rank, index, max(0.0, frame[RECORD_TIME] - started), frame[RECORD_LEVEL],
-                                     frame[RECORD_MESSAGE])
-                self._line_count += len(item)
-                rank.lines_total += len(item)
-                self.changes += len(item)
-                continue
-            data = item.data
-            text = data.get("text")
-            if item.kind != STREAM or len(data) != 2 or type(text) is not str or "|" in text:
-                self.observe(item)
-                continue
-            rank = ranks.get(item.rank) or self._rank(item)
-            self._line_count += 1
-            rank.lines_total += 1
-            rank.lines.append({"n": self._line_count, "t": round(max(0.0, item.time - started), 3),
-                               "kind": data["stream"], "text": text[:MAX_TEXT]})
-            self.changes += 1
+    def _add_run(self, run) -> None:
+        rank = self.ranks.get(run.rank) or self._rank(run)
+        rank.add_run(self._line_count + 1, self._started, run)
+        if type(run) is LogRecords:
+            for index, frame in enumerate(run.frames, self._line_count + 1):
+                self._levels.add(run.rank, index, max(0.0, frame[RECORD_TIME] - self._started), frame[RECORD_LEVEL],
+                                 frame[RECORD_MESSAGE])
+        self._line_count += len(run)
+        rank.lines_total += len(run)
+        self.changes += len(run)
 
     def set_ranks(self, ranks) -> None:
         """This node's global ranks, once a rendezvous has assigned them; columns of other ranks go."""
@@ -426,6 +416,7 @@ def _rounded(value):
     return value
 
 
+# the kinds the panel shows (``Kind.panel``; tests/test_event_kinds.py checks it)
 _HANDLERS = {
     STATUS: RunState._on_status, STREAM: RunState._on_stream, LOG: RunState._on_log,
     PROGRESS: RunState._on_progress, FAILURE: RunState._on_failure, EXIT: RunState._on_exit,

@@ -47,8 +47,24 @@ class TextDisplay(Display):
                 node_rank=self._node_rank)
         return self._prefixes[rank]
 
+    shows_runs = True  # (protocol.py) a run of lines comes whole: its lines in one write
+
     def show(self, event: Event) -> None:
-        """Write the event's lines (``describe.py`` says what they are) as they arrive."""
+        """Write the event's lines (``describe.py`` says what they are) as they arrive; a run of lines
+        (``lines.StreamLines``, ``LogRecords``) in one write."""
+        kind = type(event)
+        if kind is StreamLines:
+            if event.texts:
+                prefix = self._prefixes.get(event.rank) or self.prefix(event.rank)
+                self._write("stderr" if event.stream == "stderr" else "stdout",
+                            prefix + ("\n" + prefix).join(event.texts) + "\n")
+            return
+        if kind is LogRecords:
+            if not event.frames:
+                return
+            prefix = self._prefixes.get(event.rank) or self.prefix(event.rank)
+            self._write("stdout", "".join([_record_text(frame, prefix) for frame in event.frames]))
+            return
         if event.kind == STREAM and event.data.get("redraw"):
             return  # a progress bar's intermediate state: its final line comes with its newline
         said = describe(event.kind, event.data, event.rank)
@@ -66,38 +82,6 @@ class TextDisplay(Display):
         prefix = "" if said.kind in LAUNCHER_KINDS else self._prefixes.get(event.rank) or self.prefix(event.rank)
         text = f"{prefix}{lines[0]}\n" if len(lines) == 1 else "".join(f"{prefix}{line}\n" for line in lines)
         self._write("stderr" if said.kind in STDERR_KINDS else "stdout", text)
-
-    def show_lines(self, lines: list) -> None:
-        """``show`` for plain lines read together (Events, ``StreamLines``, ``LogRecords``): each stream's lines in
-        one write."""
-        parts: list[str] = []
-        target = self._last_stream
-        for item in lines:
-            prefix = self._prefixes.get(item.rank) or self.prefix(item.rank)
-            if type(item) is StreamLines:
-                stream = "stderr" if item.stream == "stderr" else "stdout"
-                text = prefix + ("\n" + prefix).join(item.texts) + "\n"
-            elif type(item) is LogRecords:
-                stream, text = "stdout", "".join([_record_text(frame, prefix) for frame in item.frames])
-            elif item.kind == STREAM and len(data := item.data) == 2:  # {"stream", "text"}
-                stream, text = data.get("stream"), f"{prefix}{data.get('text')}\n"
-                if stream != "stderr":
-                    stream = "stdout"
-            elif item.kind == LOG and (line := _one_line_record(item.data)):  # describe's, without its Description
-                stream, text = "stdout", f"{prefix}{line}\n"
-            else:
-                said = None if item.data.get("redraw") else describe(item.kind, item.data, item.rank)
-                if said is None or not said.said:
-                    continue
-                stream = "stderr" if said.kind in STDERR_KINDS else "stdout"
-                text = "".join(f"{prefix}{line}\n" for line in said.said)
-            if stream != target and parts:
-                self._write(target, "".join(parts))
-                parts = []
-            target = stream
-            parts.append(text)
-        if parts:
-            self._write(target, "".join(parts))
 
     def _write(self, stream: str, text: str) -> None:
         """Write to the kernel's stdout or stderr, flushing the other one first so the two keep their order."""
@@ -127,12 +111,3 @@ def _record_text(frame: tuple, prefix: str) -> str:
     if line.isprintable():
         return f"{prefix}{line}\n"
     return "".join(f"{prefix}{line}\n" for line in describe(LOG, dict(zip(RECORD_KEYS, frame[RECORD_DATA]))).said)
-
-
-def _one_line_record(data: dict) -> str:
-    """The line ``describe`` makes of a log record that is one printable line (no exception text or stack), or
-    "" for any other record."""
-    if "message" not in data or type(data.get("level")) is not str or data.get("exc_text") or data.get("stack"):
-        return ""
-    line = log_line(data["level"], data.get("logger"), data["message"])
-    return line if line.isprintable() else ""

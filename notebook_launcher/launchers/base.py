@@ -23,8 +23,8 @@ class Launcher(Protocol):
                policy: RestartPolicy) -> LaunchOutcome:
         """Run every attempt of ``plan`` and return how the last one ended (``LaunchOutcome``: the result, or the
         status, failures and error); the mechanism writes nothing into the Run, ``driver.launch`` does. Each
-        attempt's events go through ``intake`` (``begin(ranks)``, ``on_event`` or ``on_lines``, ``end()``, and
-        ``finished()`` for the result); after a failed attempt ``policy.next_plan`` says whether there is
+        attempt's events go through ``intake`` (``begin(ranks)``, ``on_event`` for each event or run of lines,
+        ``end()``, and ``finished()`` for the result); after a failed attempt ``policy.next_plan`` says whether there is
         another, so restarts behave the same in every mechanism. Only an interrupt (``KeyboardInterrupt``) or
         an error of the user's own function run in the kernel is raised."""
         ...

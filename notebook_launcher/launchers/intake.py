@@ -8,7 +8,7 @@ lines, log records, displays with their metadata); the story of the run (``KEPT_
 exits, results, restarts, hang notices) is kept whatever the bound. What goes past the bound is in the run log
 only, and one note at the run's end says how much and how to read it (``note_left_out``).
 
-The launchers pass each event here as it is read (``EventIntake.on_event``, ``on_lines``); whether another
+The launchers pass each event here as it is read (``EventIntake.on_event``; a run of lines as one); whether another
 attempt follows is the restart policy's (``restarts.RestartPolicy``), which announces it here too.
 """
 
@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ..display.protocol import shown_whole
 from ..runs import Run
 from ..schema.events import (
     BALANCE,
@@ -33,7 +34,7 @@ from ..schema.events import (
     STREAM,
     Event,
 )
-from ..schema.lines import count_lines, event_bytes, expand_lines, lines_bytes
+from ..schema.lines import RUNS, event_bytes, lines_bytes
 from ..schema.results import unpack_result
 from ..schema.runlog import RunLog
 from ..schema.status import RunStatus
@@ -68,8 +69,7 @@ class EventIntake:
         for results in (self.run.results, self.run.results_left_out, self.run.results_unavailable):
             results.clear()  # what an earlier, failed attempt returned is not this attempt's
         self.tracker = FailureTracker()
-        self.in_order = InOrderRelease(list(ranks), self.display.show,
-                                       show_lines=getattr(self.display, "show_lines", None))
+        self.in_order = InOrderRelease(list(ranks), shown_whole(self.display))
         self.run.balance_book.clear()
         self.started()
 
@@ -93,9 +93,12 @@ class EventIntake:
         self.in_order.release(everything=True)
 
     def on_event(self, event: Event) -> None:
-        """Every event of the attempt, in the order the kernel read it."""
+        """Every event of the attempt, in the order the kernel read it; a run of lines (``lines.StreamLines``,
+        ``LogRecords``) is one, which each stage takes whole."""
         run = self.run
-        if event.kind == STREAM and event.data.get("redraw"):
+        if type(event) in RUNS:
+            self._keep_run(event)
+        elif event.kind == STREAM and event.data.get("redraw"):
             pass  # a progress bar's passing state: in the run log and the panel only
         elif event.kind == RESULT:
             run.events.append(dataclasses.replace(event, attachment=b""))  # the value itself is in run.results
@@ -121,17 +124,16 @@ class EventIntake:
         elif event.kind == BALANCE:
             run.balance_book.observe(event.rank, event.data)
 
-    def on_lines(self, lines: list) -> None:
-        """``on_event`` for plain lines of one rank read together (runs of prints and records, and ``log``
-        records without in_order, see ``RankDemux``): each stage takes the whole list at once."""
+    def _keep_run(self, lines) -> None:
+        """A run of lines on the Run, as one tuple (``EventList.extend_lines``), or its lines before the bound."""
         run = self.run
-        size = lines_bytes(lines)
+        size = lines_bytes((lines,))
         if run.events_dropped:
-            self._leave_out(count_lines(lines), size)
+            self._leave_out(len(lines), size)
         elif run.events.bytes + size <= MAX_BYTES_IN_MEMORY:
-            run.events.extend_lines(lines, size)
+            run.events.extend_lines((lines,), size)
         else:  # the bound falls inside these lines: the Run keeps those before it
-            events = expand_lines(lines)
+            events = lines.events()
             kept = 0
             for event in events:
                 one = lines_bytes((event,))
@@ -140,9 +142,6 @@ class EventIntake:
                 run.events.extend_lines((event,), one)
                 kept += 1
             self._leave_out(len(events) - kept, lines_bytes(events[kept:]))
-        self.log.write_lines(lines)
-        self.tracker.observe_lines(lines)
-        self.in_order.push_lines(lines)
 
     def _leave_out(self, count: int, size: int) -> None:
         """Events past the Run's bound: in the run log only, from the first on (``Run.events`` stays the run's

@@ -72,7 +72,7 @@ class LocalLauncher(Launcher):
             intake.begin(plan.global_rank(local) for local in range(plan.num_processes))
             supervisor = Supervisor(plan, intake.on_event, payload_path, on_tick=intake.tick,
                                     store_listen_fd=reservation.fileno() if reservation else -1,
-                                    progress_dir=intake.run_dir, on_lines=intake.on_lines)
+                                    progress_dir=intake.run_dir)
             try:  # once started, rank 0 has its own copy of the listening socket; run() ends every worker itself
                 outcome = supervisor.run(plan.timeout, on_started=reservation.close if reservation else None)
             finally:

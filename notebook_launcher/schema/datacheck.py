@@ -1,4 +1,4 @@
-"""An event's data checked against its kind's table (``events.DATA_SCHEMA``), where the kernel reads it.
+"""An event's data checked against its kind's table (``kinds.DATA_SCHEMA``), where the kernel reads it.
 
 Everything a rank writes is untrusted: the kernel's readers (the attempts, the failure tracker, the panel, the run
 log) take each field as its table says, so a field of another type, a required one missing, NaN or an infinity
@@ -8,11 +8,11 @@ read, and named (kind and field) in the rank's ``CorruptEventStream`` failure.
 
 from __future__ import annotations
 
-from .events import DATA_SCHEMA, NUMBER, Fields, ListOf, MapOf, OneOf
+from .kinds import DATA_SCHEMA, NUMBER, Fields, ListOf, MapOf, OneOf
 
 
 def data_problem(kind: str, data: dict) -> str:
-    """What is wrong with an event's data by its kind's table (``events.DATA_SCHEMA``), naming the kind and the
+    """What is wrong with an event's data by its kind's table (``kinds.DATA_SCHEMA``), naming the kind and the
     field; "" when nothing is. The decoder asks it of every dict frame a rank sends (a text or record frame, the
     usual line, is checked by its own tuple's types and never comes here)."""
     table = DATA_SCHEMA.get(kind)

@@ -1,8 +1,10 @@
 """Plain lines as the kernel passes them on and keeps them: runs of prints and of log records, and ``Run.events``.
 
 ``RankDemux`` makes runs of a rank's lines (``StreamLines``, ``LogRecords``) where it would otherwise make an
-Event per line; every stage of the kernel takes a list of them whole (see docs/ARCHITECTURE.md, "One line"), and
-``expand_lines`` gives the Events they stand for to whoever wants them one by one. ``EventList`` keeps them as
+Event per line. A run is passed on as one event (it has ``rank``, ``seq``, ``time`` and ``kind`` as an Event
+has): every stage of the kernel takes it through the method it takes an Event through, whole (see
+docs/ARCHITECTURE.md, "One line"), and ``expand_lines`` gives the Events it stands for to whoever wants them one
+by one. ``EventList`` keeps them as
 tuples of plain values, which Python's cyclic collector stops tracking, and counts the bytes it holds
 (``retained_bytes``), which the kernel bounds (``launchers/intake.py``, ``runs.py``).
 """
@@ -75,17 +77,12 @@ def record_event(rank: int, seq: int, frame: tuple) -> Event:
     return Event(rank, seq, frame[RECORD_TIME], LOG, dict(zip(RECORD_KEYS, frame[RECORD_DATA])))
 
 
-_RUNS = (StreamLines, LogRecords)
+RUNS = (StreamLines, LogRecords)  # what ``type(event) in RUNS`` finds: a run of lines, not one Event
 
 
 def expand_lines(lines) -> list[Event]:
     """A list of plain lines (Events, ``StreamLines`` and ``LogRecords``) as Events, one per line."""
-    return [event for item in lines for event in (item.events() if type(item) in _RUNS else (item,))]
-
-
-def count_lines(lines) -> int:
-    """How many lines a list of plain lines holds."""
-    return sum(len(item) if type(item) in _RUNS else 1 for item in lines)
+    return [event for item in lines for event in (item.events() if type(item) in RUNS else (item,))]
 
 
 def retained_bytes(value) -> int:
@@ -171,11 +168,11 @@ class EventList(Sequence):
         their ``lines_bytes``, where the caller has it already."""
         keys, items, starts, count = _SHARED_KEYS, self._items, self._starts, self._count
         for item in lines:
-            if type(item) in _RUNS and not len(item):
+            if type(item) in RUNS and not len(item):
                 continue  # (an empty run holds no line; kept, it would read as one)
             starts.append(count)
             items.append(_kept_item(item, keys))
-            count += len(item) if type(item) in _RUNS else 1
+            count += len(item) if type(item) in RUNS else 1
         self._count = count
         self.bytes += lines_bytes(lines) if size is None else size
         if len(keys) > 1000:

@@ -82,28 +82,23 @@ class RunLog:
         if self.incomplete:
             note(self._warning())
 
-    def write(self, event: Event) -> None:
-        if self._events is not None:
-            self._write(_line(event))
-
-    def write_lines(self, lines: list) -> None:
-        """``write`` for plain lines read together (``RankDemux``): one write for all. The lines of a run, whose
-        shape the kernel made or checked itself, are written field by field, without the JSON encoder's walk."""
+    def write(self, event) -> None:
+        """An Event as one line; a run of lines (``lines.StreamLines``, ``LogRecords``) as a line each, in one
+        write, field by field (the kernel made or checked their shape itself: no JSON encoder's walk)."""
         if self._events is None:
             return
-        out = []
-        for item in lines:
-            if type(item) is StreamLines:
-                head, tail = (f'{{"rank":{item.rank},"seq":', f',"time":{_number(item.time)},"kind":"stream",'
-                              f'"data":{{"stream":{_STREAMS[item.stream]},"text":')
-                seq = item.seq
-                out += [f'{head}{seq + number}{tail}{_string(text)}}}}}\n' for number, text in enumerate(item.texts)]
-            elif type(item) is LogRecords:
-                rank, seq = item.rank, item.seq
-                out += [_record_line(rank, seq + number, frame) for number, frame in enumerate(item.frames)]
-            else:
-                out.append(_line(item))
-        self._write("".join(out))
+        kind = type(event)
+        if kind is StreamLines:
+            head, tail = (f'{{"rank":{event.rank},"seq":', f',"time":{_number(event.time)},"kind":"stream",'
+                          f'"data":{{"stream":{_STREAMS[event.stream]},"text":')
+            seq = event.seq
+            self._write("".join([f'{head}{seq + number}{tail}{_string(text)}}}}}\n'
+                                 for number, text in enumerate(event.texts)]))
+        elif kind is LogRecords:
+            rank, seq = event.rank, event.seq
+            self._write("".join([_record_line(rank, seq + number, frame) for number, frame in enumerate(event.frames)]))
+        else:
+            self._write(_line(event))
 
     def _write(self, text: str) -> None:
         try:

@@ -40,11 +40,10 @@ LINES_READ_BYTES = 32 << 10
 class RankDemux:
     """The events of one rank, numbered per rank (``seq`` is the last number given).
 
-    What ``feed`` yields are events and lists of plain lines: consecutive ``stream`` lines (as ``StreamLines``,
-    the texts of one stream and read together), record frames (as ``LogRecords``) and other ``log`` records
-    without ``in_order`` (as Events), which no one holds back and none of which can end the run, so the kernel
-    passes them on together (one call per stage for hundreds of lines, not one per line; see ``lines.py``). Both
-    are made lazily, as the caller iterates, so their numbers follow the order in which the caller passes them
+    What ``feed`` yields are events and runs of plain lines: consecutive ``stream`` lines of one stream and read
+    (one ``StreamLines``) and consecutive record frames (one ``LogRecords``), which the kernel passes on as one
+    event each (one call per stage for hundreds of lines, not one per line; see ``lines.py``). Both are made
+    lazily, as the caller iterates, so their numbers follow the order in which the caller passes them
     on. A rank's text arrives two ways, each cut into lines by a splitter of its own: what its fd 1/2 pipes carry
     (C++ and subprocess output, and faulthandler's stack dumps) and Python-level writes sent as ``output`` events
     on the event pipe.
@@ -59,17 +58,17 @@ class RankDemux:
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
         self._dump: str | None = None  # None | "expected" | "in": a faulthandler dump the kernel asked for
 
-    def feed(self, channel: str, chunk: bytes) -> Iterator[Event | list]:
+    def feed(self, channel: str, chunk: bytes) -> Iterator[Event | StreamLines | LogRecords]:
         """The events and lists of plain lines in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the
         channel's end (EOF)."""
         if channel == "events":
             return self._feed_events(chunk)
         return self._feed_stream(channel, chunk)
 
-    def _feed_events(self, chunk: bytes) -> Iterator[Event | list]:
+    def _feed_events(self, chunk: bytes) -> Iterator[Event | StreamLines | LogRecords]:
         decoder = self._decoder
         rank = self.rank
-        lines: list = []  # the plain lines of the frames so far, passed on together (see the class)
+        lines: list = []  # the runs (and log Events) of the frames so far, passed on in order (see the class)
         now = time.monotonic()  # (every line cut from this chunk was read at this moment)
         for header, attachment in decoder.feed(chunk):
             if type(header) is tuple and header[0] == LOG_FRAME:  # a record frame (events.RECORD_FRAME_FIELDS)
@@ -88,7 +87,7 @@ class RankDemux:
                 if stray is None:
                     continue
                 if lines:
-                    yield lines
+                    yield from lines
                     lines = []
                 yield stray
             elif header["kind"] == LOG and "in_order" not in header["data"]:
@@ -97,13 +96,13 @@ class RankDemux:
                 lines.append(event_from_frame(header, attachment, self.seq))
             else:
                 if lines:
-                    yield lines
+                    yield from lines
                     lines = []
                 self.seq += 1
                 header["rank"] = rank
                 yield event_from_frame(header, attachment, self.seq)
         if lines:
-            yield lines
+            yield from lines
         if decoder.broken and not self._broken_reported:  # the pipe is still read (and dropped): no block
             self._broken_reported = True
             yield self.event(FAILURE, {
@@ -132,7 +131,7 @@ class RankDemux:
         the run log keeps it)."""
         self._dump = "expected"
 
-    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event | list]:
+    def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event | StreamLines | LogRecords]:
         splitter = self._fd_lines[stream]
         lines = splitter.feed(chunk) if chunk else splitter.finish()
         if stream == "stderr" and self._dump:
@@ -144,7 +143,7 @@ class RankDemux:
         elif lines:
             batch: list = []
             self._add_lines(batch, stream, lines, time.monotonic())
-            yield batch
+            yield from batch
         redraw = self._redraw(stream, splitter)
         if redraw is not None:
             yield redraw

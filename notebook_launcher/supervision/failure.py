@@ -71,11 +71,20 @@ class FailureTracker:
         self._last_seen: dict[int, float] = {}  # when each rank was last heard from
 
     def observe(self, event: Event) -> None:
+        """Every event of the attempt, and every run of lines (``lines.StreamLines``, ``LogRecords``) whole."""
         rank = event.rank
         if event.kind != EXIT:
             self._last_seen[rank] = event.time
         if event.kind == STATUS:
             self._states[rank] = event.data.get("state", self._states.get(rank, "starting"))
+        elif type(event) is StreamLines:
+            texts = event.texts
+            if texts:
+                self._last_line[rank] = texts[-1]
+            if event.stream == "stderr":
+                first = max(0, len(texts) - _STDERR_KEPT)
+                self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).extend(
+                    zip(range(event.seq + first, event.seq + len(texts)), texts[first:]))
         elif event.kind == STREAM:
             self._last_line[rank] = event.data["text"]
             if event.data.get("stream") == "stderr" and not event.data.get("redraw"):
@@ -98,24 +107,6 @@ class FailureTracker:
                 # died without finishing, or was killed afterwards (the supervisor's rule too); timed by when the
                 # rank was last heard from, on the same clock as the workers' own failure records
                 self._failures[rank] = _exit_failure(event, self._last_seen.get(rank, event.time))
-
-    def observe_lines(self, lines: list) -> None:
-        """``observe`` for plain lines of one rank passed on together (``StreamLines`` and ``log`` records)."""
-        rank = lines[0].rank
-        self._last_seen[rank] = lines[-1].time
-        stderr = []
-        for item in lines:
-            if type(item) is StreamLines:
-                self._last_line[rank] = item.texts[-1]
-                if item.stream == "stderr":
-                    first = max(0, len(item.texts) - _STDERR_KEPT)
-                    stderr += zip(range(item.seq + first, item.seq + len(item.texts)), item.texts[first:])
-            elif item.kind == STREAM:
-                self._last_line[rank] = item.data["text"]
-                if item.data["stream"] == "stderr":
-                    stderr.append((item.seq, item.data["text"]))
-        if stderr:
-            self._stderr.setdefault(rank, deque(maxlen=_STDERR_KEPT)).extend(stderr)
 
     def failures(self) -> dict[int, RankFailure]:
         """One entry per rank that raised, exited without finishing, or was killed (not by the launcher)."""

@@ -15,7 +15,7 @@ import time
 
 from ..schema.cells import cell_names
 from ..schema.events import PROGRESS, STATUS, STREAM
-from ..schema.lines import expand_lines
+from ..schema.lines import StreamLines
 from ..schema.progress_record import MEMBER_BITS, ProgressRecord, is_member, oldest_wait
 from .failure import async_wait, ranks_text
 from .stacks import innermost_user_frame, short_place, torch_place, user_stack
@@ -129,17 +129,16 @@ class StallWatch:
         self._capture: dict[int, list[str]] | None = None  # rank -> its stderr lines while stacks are collected
 
     def observe(self, event) -> None:
-        """Every event of the attempt: ``progress`` reports, and stderr lines while stacks are being dumped."""
+        """Every event of the attempt (a run of lines whole): ``progress`` reports, and stderr lines while stacks
+        are being dumped."""
         if event.kind == PROGRESS or (event.kind == STATUS and event.data.get("state") == "running"):
             self._progressed(event.rank, time.monotonic())
-        elif self._capture is not None and event.kind == STREAM and event.data.get("stream") == "stderr":
-            self._capture.setdefault(event.rank, []).append(str(event.data.get("text", "")))
-
-    def observe_lines(self, lines: list) -> None:
-        """``observe`` for plain lines passed on together: only stderr lines, while stacks are collected."""
-        if self._capture is not None:
-            for event in expand_lines(lines):
-                self.observe(event)
+        elif self._capture is not None and event.kind == STREAM:
+            if type(event) is StreamLines:
+                if event.stream == "stderr":
+                    self._capture.setdefault(event.rank, []).extend(event.texts)
+            elif event.data.get("stream") == "stderr":
+                self._capture.setdefault(event.rank, []).append(str(event.data.get("text", "")))
 
     def _progressed(self, rank: int, at: float) -> None:
         self._progress_at[rank] = max(self._progress_at.get(rank, self._started), at)

@@ -4,7 +4,8 @@ Workers never wait for each other: each rank numbers its own in_order calls (1, 
 the records of call *n* until every rank has either sent its record of call *n*, said that its level filtered
 it out, moved past it, or exited. A running rank that stops making in_order progress (stuck, or its code took
 another path) holds the others back for at most ``stall_bound_s``; a rank still starting up is waited for.
-While a rank has held records, its later events are held behind them, so each rank's own order is kept too.
+While a rank has held records, its later events are held behind them, so each rank's own order is kept too. A
+run of lines (``lines.StreamLines``, ``LogRecords``: none in_order) goes on, or is held, whole.
 """
 
 from __future__ import annotations
@@ -13,20 +14,19 @@ import time
 from collections import deque
 
 from ..schema.events import EXIT, LOG, STATUS, STREAM, Event
-from ..schema.lines import expand_lines
+from ..schema.lines import LogRecords
 
 STALL_BOUND_S = 2.0
 
 
 def in_order_id(event: Event) -> int | None:
-    return event.data.get("in_order") if event.kind == LOG else None
+    return event.data.get("in_order") if event.kind == LOG and type(event) is not LogRecords else None
 
 
 class InOrderRelease:
-    def __init__(self, ranks, show, stall_bound_s: float = STALL_BOUND_S, show_lines=None):
+    def __init__(self, ranks, show, stall_bound_s: float = STALL_BOUND_S):
         self._ranks = sorted(ranks)
         self._show = show
-        self._show_lines = show_lines
         self._bound = stall_bound_s
         self._queues: dict[int, deque] = {rank: deque() for rank in self._ranks}
         self._progress: dict[int, int] = {rank: 0 for rank in self._ranks}  # highest in_order id reported
@@ -36,8 +36,8 @@ class InOrderRelease:
         self._held = 0  # events in the queues
 
     def push(self, event: Event) -> None:
-        if not self._held and (event.kind == STREAM or event.kind == LOG and event.data.get("in_order") is None):
-            self._show(event)  # nothing held anywhere: a line goes straight on (every line of a flood)
+        if not self._held and (event.kind == STREAM or event.kind == LOG and in_order_id(event) is None):
+            self._show(event)  # nothing held anywhere: a line goes straight on (every run of a flood)
             return
         order = in_order_id(event)
         if order is not None:
@@ -58,15 +58,6 @@ class InOrderRelease:
         else:
             self._show(event)
         self.release()
-
-    def push_lines(self, lines: list) -> None:
-        """Plain lines of one rank (none in_order; Events and runs of lines): shown together when nothing is
-        held, else queued one by one as usual."""
-        if self._held or self._show_lines is None:
-            for event in expand_lines(lines):
-                self.push(event)
-        else:
-            self._show_lines(lines)
 
     def release(self, everything: bool = False) -> None:
         """Show every group whose ranks have all answered (or stalled past the bound); ``everything`` at the end."""

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event
-from ..schema.lines import expand_lines
 from ..schema.rank_spec import RankSpec
 from ..schema.status import StopReason
 from .demux import RankDemux
@@ -71,17 +70,15 @@ class _Moments:
 class Supervisor:
     """Watches and stops the workers of one launch attempt; ``run()`` once.
 
-    ``on_event`` receives every event (worker records, output lines, exits) in the order read, and
-    ``on_lines`` the plain lines that come together, as one list (see ``RankDemux``; by default each goes to
-    ``on_event``); ``on_tick`` is called after every wait of at most ``monitor_interval`` (for work that depends
-    on time passing).
+    ``on_event`` receives every event (worker records, output lines, exits) in the order read, a run of plain
+    lines read together as one (``lines.StreamLines``, ``LogRecords``, see ``RankDemux``); ``on_tick`` is called
+    after every wait of at most ``monitor_interval`` (for work that depends on time passing).
     """
 
     def __init__(self, plan: LaunchPlan, on_event, spawn_payload_path: str = "", on_tick=None,
-                 store_listen_fd: int = -1, progress_dir: str = "", on_lines=None):
+                 store_listen_fd: int = -1, progress_dir: str = ""):
         self.plan = plan
         self.on_event = on_event
-        self.on_lines = on_lines or self._each_line
         self.on_tick = on_tick or (lambda: None)
         self.spawn_payload_path = spawn_payload_path
         self.store_listen_fd = store_listen_fd
@@ -269,25 +266,10 @@ class Supervisor:
     # -- events ----------------------------------------------------------------------------------------------
     def _deliver_all(self, events) -> None:
         for event in events:  # one at a time: each may stop the run before the next is made
-            if type(event) is list:
-                self._deliver_lines(event)
-            else:
-                self._deliver(event)
-
-    def _each_line(self, lines: list) -> None:
-        for line in expand_lines(lines):
-            self.on_event(line)
-
-    def _deliver_lines(self, lines: list) -> None:
-        """Plain lines of one rank (``RankDemux``), passed on together: none of them can end the run."""
-        if self._muted:
-            return
-        self._stall.observe_lines(lines)
-        self.on_lines(lines)
-        if self._moments.stop_at is not None and self._stop_reason is None and self._everyone_reported():
-            self._stop(StopReason.FAILURE)
+            self._deliver(event)
 
     def _deliver(self, event: Event) -> None:
+        """An event, or a run of plain lines (which can never end the run), to the stall watch and ``on_event``."""
         if self._muted:
             return
         self._stall.observe(event)
