@@ -11,7 +11,9 @@ Each kernel is shut down by ``running_kernel`` and checked gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import time
 
@@ -25,9 +27,10 @@ CELL_TIMEOUT = 240
 
 
 def _run_ok(kc, code: str) -> str:
+    """The cell's text on stdout, then on stderr (the text display writes the ranks' stderr lines there)."""
     reply, outputs = run_cell(kc, code, timeout=CELL_TIMEOUT)
     _assert_ok(reply, outputs)
-    return _stream(outputs)
+    return _stream(outputs) + _stream(outputs, "stderr")
 
 
 LIGHTNING_TRAINER_CELL = '''\
@@ -130,3 +133,135 @@ def test_lightning_fabric_runs_on_the_launchs_ranks_in_a_kernel(tmp_path, strate
     assert "totals: [1.0, 1.0]" in text, text
     assert "external: True" in text, text
     assert "in sync: True" in text, text
+
+
+NESTED_CELL = '''\
+import time
+import lightning
+import torch
+from notebook_launcher import RankFailedError, notebook_launcher
+
+def lightning_ddp_notebook():
+    lightning.Fabric(accelerator="cpu", devices=2, strategy="ddp_notebook").launch(lambda fabric: None)
+
+def torch_spawn():
+    torch.multiprocessing.spawn(print, nprocs=2)
+
+def accelerate_launcher():
+    from accelerate import notebook_launcher as accelerates
+    accelerates(print, num_processes=2)
+
+for function in (lightning_ddp_notebook, torch_spawn, accelerate_launcher):
+    started = time.monotonic()
+    try:
+        notebook_launcher(function, num_processes=2, device="cpu", display="text", timeout={timeout})
+    except RankFailedError as error:
+        print(function.__name__, "failed:", str(error).splitlines()[0])
+        print(function.__name__, "in seconds:", time.monotonic() - started < {timeout} / 2)
+'''
+
+
+def test_a_launcher_inside_a_launch_fails_at_once_naming_strategy_ddp(tmp_path):
+    """Lightning's ddp_notebook, torch.multiprocessing.spawn and Accelerate's notebook_launcher called in the
+    launched function would start ranks below each rank that can never meet: each fails with the fix, long
+    before the run's timeout (a generous bound: the cell reports whether it came before half of it)."""
+    with running_kernel(tmp_path) as (_, kc, kernel):
+        text = _run_ok(kc, NESTED_CELL.format(timeout=RUN_TIMEOUT))
+        for name in ("lightning_ddp_notebook", "torch_spawn", "accelerate_launcher"):
+            failed = [line for line in text.splitlines() if line.startswith(f"{name} failed:")]
+            assert failed and "LauncherInLaunchError" in failed[0], text
+            assert "strategy='ddp'" in failed[0], text
+            assert f"{name} in seconds: True" in text, text
+        assert kernel.children(recursive=True) == []
+
+
+KILLED_KERNEL_CELL = '''\
+import multiprocessing, os, time
+import lightning
+import torch
+from notebook_launcher import notebook_launcher
+
+class Sleeps(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, _):
+        helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+        helper.start()  # a process of the rank's own, as a callback or a data service starts one
+        open(os.path.join({folder!r}, str(self.global_rank)), "w").close()
+        time.sleep(600)  # the kernel is killed meanwhile
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+def train():
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 2)), batch_size=4,
+                                         num_workers=2, persistent_workers=True)
+    trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Sleeps(), loader)
+
+notebook_launcher(train, num_processes=2, device="cpu", display="text")
+'''
+
+
+def test_a_kernel_sigkilled_while_lightning_trains_leaves_no_process_the_ranks_forked(tmp_path):
+    """Each rank's DataLoader workers and its own multiprocessing child are running when the kernel dies by
+    SIGKILL (nothing of ours can run in it then): every one of them goes, not only the ranks."""
+    folder = tmp_path / "ready"
+    folder.mkdir()
+    with running_kernel(tmp_path) as (_, kc, kernel):
+        kc.execute(KILLED_KERNEL_CELL.format(folder=str(folder)))
+        assert _wait_until(lambda: len(os.listdir(folder)) == 2, CELL_TIMEOUT), "the ranks never started training"
+        processes = kernel.children(recursive=True)
+        named = [process.cmdline() for process in processes]
+        assert len(processes) >= 2 + 2 * 2 + 2, named  # 2 ranks, their DataLoader workers, their helpers
+        os.kill(kernel.pid, signal.SIGKILL)
+        try:
+            _, alive = psutil.wait_procs(processes, timeout=30)  # bounds the wait; they go at once
+            assert alive == [], [process.pid for process in alive]
+        finally:
+            for process in processes:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+
+
+CRASH_CELL = '''\
+import os
+import torch
+import torch.distributed as dist
+from notebook_launcher import RankFailedError, notebook_launcher
+
+def mismatched_all_reduce():
+    rank = dist.get_rank()
+    # a line as torch's C++ log writes it once the process group exists (its own rank prefix first)
+    os.write(2, f"[rank{{rank}}]:[W1204 17:00:00.000000000 ProcessGroupGloo.cpp:1] Warning: a C++ warning\\n".encode())
+    dist.all_reduce(torch.ones(200_000 if rank == 1 else 100_000))  # gloo aborts the process that receives more
+
+try:
+    notebook_launcher(mismatched_all_reduce, num_processes=2, device="cpu", display="text", timeout={timeout})
+except RankFailedError as error:
+    print("error:", error)
+'''
+
+
+def test_a_rank_aborted_in_gloo_shows_glooss_message_then_the_users_frames_in_a_kernel(tmp_path):
+    """gloo's own report (why it aborted) comes first, then faulthandler's line and the function's frame, as
+    the notebook names its cell; notebook_launcher's frames and those the rank inherited from the kernel
+    (IPython's, ipykernel's) are cut with a count. A C++ log line is prefixed by its rank once."""
+    with running_kernel(tmp_path) as (_, kc, _kernel):
+        text = _run_ok(kc, CRASH_CELL.format(timeout=RUN_TIMEOUT))
+    assert "killed by SIGABRT" in text, text
+    crash = text.split("stderr:\n", 1)[1].split("\nOther ranks:", 1)[0].splitlines()
+    assert crash[0].strip() == "terminate called after throwing an instance of 'gloo::EnforceNotMet'", text
+    assert "Received data size doesn't match expected size" in crash[1], text
+    assert crash[2].strip() == "Fatal Python error: Aborted", text
+    assert any(re.search(r"cell In\[\d+\], line 10 in mismatched_all_reduce", line) for line in crash), text
+    assert re.fullmatch(r"\s*\(\d+ frames of notebook_launcher's own below these are not shown; the run log "
+                        r"has them\)", crash[-1]), text
+    assert not any("ipykernel" in line or "IPython" in line or "/notebook_launcher/" in line for line in crash), text
+    assert len(crash) < 15, text
+    warnings = [line for line in text.splitlines() if line.endswith("Warning: a C++ warning")]
+    assert sorted(line.split("]")[0] for line in warnings) == ["[rank 0", "[rank 1"], text
+    assert all(re.match(r"\[rank \d\] \[W1204 ", line) for line in warnings), text
