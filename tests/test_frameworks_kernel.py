@@ -15,11 +15,9 @@ import contextlib
 import os
 import re
 import signal
-import time
 
 import psutil
 import pytest
-
 from test_kernel import _assert_ok, _stream, _wait_until, run_cell, running_kernel
 
 RUN_TIMEOUT = 150  # a hang fails the cell with every rank's stacks, long before the cell's own bound
