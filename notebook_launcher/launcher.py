@@ -15,6 +15,7 @@ from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .keywords import bind, docstring_list, signature
 from .launchers import HostSettings, launch
+from .notebook_objects import unchanged_note
 from .plan import make_plan
 
 
@@ -62,6 +63,11 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     at the end (an interrupt or ``timeout=`` cancels it).
 
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
+
+    Each rank trains its own copy of a model or tensor of the notebook's: the notebook's object is unchanged
+    unless the function returns the weights (``return model.state_dict()``; then
+    ``model.load_state_dict(notebook_launcher(...))``). When the function uses one and returns no module or
+    tensor, a line after the run says so.
     """
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
     function, args, given = bind(SIGNATURE, positional, keywords)
@@ -82,7 +88,11 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     plan = make_plan(function, args, in_workers=bool(hosts), **planned)
     settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
-    return launch(plan, display, settings)
+    result = launch(plan, display, settings)
+    note = None if plan.runs_in_kernel else unchanged_note(function, args, result)
+    if note:  # the ranks trained copies of a model of the notebook's, and none came back
+        print(note)
+    return result
 
 
 SIGNATURE = signature()

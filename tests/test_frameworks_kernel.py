@@ -263,3 +263,53 @@ def test_a_rank_aborted_in_gloo_shows_glooss_message_then_the_users_frames_in_a_
     warnings = [line for line in text.splitlines() if line.endswith("Warning: a C++ warning")]
     assert sorted(line.split("]")[0] for line in warnings) == ["[rank 0", "[rank 1"], text
     assert all(re.match(r"\[rank \d\] \[W1204 ", line) for line in warnings), text
+
+
+NOTEBOOK_MODEL_CELL = '''\
+import torch
+from notebook_launcher import notebook_launcher
+
+model = torch.nn.Linear(4, 1)
+data = torch.randn(16, 4)  # a tensor that is not trained
+before = model.weight.detach().clone()
+
+def train():
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(data).pow(2).mean().backward()
+        optimizer.step()
+    return model(data).pow(2).mean().item()
+
+def train_and_return_the_weights():
+    train()
+    return model.state_dict()
+
+def mean_of_the_data():
+    return data.mean().item()
+
+print("--- returns the loss")
+notebook_launcher(train, num_processes=2, device="cpu", display="text")
+print("unchanged:", torch.equal(model.weight, before))
+print("--- returns the weights")
+model.load_state_dict(notebook_launcher(train_and_return_the_weights, num_processes=2, device="cpu",
+                                        display="text"))
+print("trained:", not torch.equal(model.weight, before))
+print("--- uses data only")
+notebook_launcher(mean_of_the_data, num_processes=2, device="cpu", display="text")
+'''
+
+
+def test_a_notebook_model_trained_in_the_ranks_and_not_returned_is_said_unchanged(tmp_path):
+    """One line after the run that trained copies of the notebook's ``model`` and returned only a loss, with how
+    to bring the weights back; none when the weights come back, or when the function used an untrained tensor."""
+    with running_kernel(tmp_path) as (_, kc, _kernel):
+        text = _run_ok(kc, NOTEBOOK_MODEL_CELL)
+    loss, weights, data = (part for part in text.split("--- ")[1:])
+    notes = [line for line in loss.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1, text
+    assert "copies of the notebook's `model`" in notes[0] and "is unchanged" in notes[0], text
+    assert "`return model.state_dict()`" in notes[0] and "`model.load_state_dict(" in notes[0], text
+    assert "unchanged: True" in loss, text
+    assert "trained: True" in weights and "note:" not in weights, text
+    assert "note:" not in data, text
