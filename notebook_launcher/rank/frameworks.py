@@ -9,23 +9,27 @@ goes through it (``rich_output``).
 
 A launcher inside a launch (Lightning's ``ddp_notebook``/``ddp_spawn``, ``torch.multiprocessing.spawn``,
 Accelerate's ``notebook_launcher`` called in the function) would start a second set of ranks below each of
-ours, whose process groups cannot meet: ``refuse_nested_launchers()`` makes torch's one way to start them,
-``torch.multiprocessing.start_processes``, raise at once with the fix.
+ours, whose process groups cannot meet: ``refuse_nested_launchers()`` makes torch's ways to start them,
+``torch.multiprocessing.start_processes`` and torch elastic's ``launch_agent``, raise at once with the fix.
 
 What a rank forks (a DataLoader worker, a ``multiprocessing`` child) is not the rank: ``at_fork()`` leaves it the
 rank's output but not its story (no progress record, no debug check, no balance figures), and makes it die with
 the process that forked it. The rank itself dies by SIGKILL when the kernel dies (``die_with_parent``), so
 nothing in the rank can end its children then; a parent-death signal set in each child at the fork is what
-still acts. It covers every process started by ``os.fork`` (Python's ``multiprocessing`` and torch's, fork and
-forkserver's forks, DataLoader workers); a program a rank starts by ``subprocess`` is ended by the rank when it
-returns or by the kernel when the rank dies (``proctree``, ``supervision/orphans``), not when the kernel is
-killed.
+still acts (a subreaper cannot: the rank is the subreaper, and it is dead). It covers every process started by
+``os.fork`` (``multiprocessing``'s fork context, DataLoader workers) and what those fork in turn; a program a
+rank starts by ``subprocess`` or spawn is ended by the rank when it returns or by the kernel when the rank dies
+(``proctree``, ``supervision/orphans``), not when the kernel is killed. Linux sends the signal when the *thread*
+that forked ends: a child forked by a short-lived thread of the rank ends with that thread.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
+import types
 from dataclasses import replace
 
 from ..schema.errors import NotebookLauncherError
@@ -34,6 +38,7 @@ from . import balance_meter, context
 from .intercept import intercept, is_intercepted
 
 INTERACTIVE_FLAG = "_IS_INTERACTIVE"  # Lightning's (lightning.fabric.utilities.imports, and its importers)
+ELASTIC_LAUNCHER = "torch.distributed.launcher.api"  # torch elastic's launch_agent: Accelerate's, torchrun's
 
 
 class LauncherInLaunchError(NotebookLauncherError, RuntimeError):
@@ -55,19 +60,50 @@ def not_interactive() -> None:
 
 
 def refuse_nested_launchers() -> None:
-    """``torch.multiprocessing.start_processes`` (behind ``spawn``, Lightning's ``ddp_notebook``/``ddp_spawn``
-    and Accelerate's ``notebook_launcher``) raises ``LauncherInLaunchError`` in this rank, by any reference."""
-    import importlib
+    """Launchers called in this rank raise ``LauncherInLaunchError``, by any reference: torch's
+    ``multiprocessing.start_processes`` (behind ``spawn``, Lightning's ``ddp_notebook``/``ddp_spawn``) and torch
+    elastic's ``launch_agent`` (behind Accelerate's ``notebook_launcher``, ``torch.distributed.run``), which
+    would otherwise first wait in a rendezvous of its own. The latter is caught when its module is imported:
+    importing it here would cost every rank a third of a second."""
+    refuse_in(importlib.import_module("torch.multiprocessing.spawn"), "start_processes")
+    if ELASTIC_LAUNCHER in sys.modules:
+        refuse_in(sys.modules[ELASTIC_LAUNCHER], "launch_agent")
+    elif not any(isinstance(finder, _WhenImported) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _WhenImported(ELASTIC_LAUNCHER, lambda module: refuse_in(module, "launch_agent")))
 
-    start_processes = importlib.import_module("torch.multiprocessing.spawn").start_processes
-    if not is_intercepted(start_processes):
-        intercept(start_processes, lambda original: _refuse)
+
+def refuse_in(module, name: str) -> None:
+    function = getattr(module, name, None)
+    if isinstance(function, types.FunctionType) and not is_intercepted(function):
+        intercept(function, lambda original: _refuse)
+
+
+class _WhenImported:
+    """A finder that calls ``then(module)`` once the module ``name`` has been imported (then leaves)."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            exec_module = spec.loader.exec_module
+
+            def exec_then(module):
+                exec_module(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_then
+        return spec
 
 
 def _refuse(*args, **kwargs):
     raise LauncherInLaunchError(
-        "a launcher was called inside a launched rank (torch.multiprocessing.start_processes, which Lightning's "
-        "strategy='ddp_notebook'/'ddp_spawn', torch.multiprocessing.spawn and accelerate.notebook_launcher use): "
+        "a launcher was called inside a launched rank (Lightning's strategy='ddp_notebook'/'ddp_spawn', "
+        "torch.multiprocessing.spawn, accelerate.notebook_launcher, torch elastic's launch_agent): "
         "notebook_launcher has started the processes already. Use them as a script's ranks: "
         "Trainer(strategy='ddp') or Fabric(strategy='ddp') in Lightning, Accelerator() directly in Accelerate, "
         "and call the training code itself instead of spawning it.")
