@@ -15,7 +15,7 @@ from .display.panel import DISPLAYS
 from .errors import LaunchArgumentError
 from .keywords import bind, docstring_list, signature
 from .launchers import HostSettings, launch
-from .notebook_objects import unchanged_note
+from .notebook_objects import is_cell_program, unchanged_note
 from .plan import make_plan
 
 
@@ -89,7 +89,7 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
     result = launch(plan, display, settings)
-    note = None if plan.runs_in_kernel else unchanged_note(function, args, result)
+    note = None if plan.runs_in_kernel or is_cell_program(function) else unchanged_note(function, args, result)
     if note:  # the ranks trained copies of a model of the notebook's, and none came back
         print(note)
     return result

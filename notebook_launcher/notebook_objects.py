@@ -19,6 +19,12 @@ import types
 _MAX_DEPTH = 4  # how deep a result is looked into for a module or a tensor (a dict of state dicts is 2)
 
 
+def is_cell_program(function) -> bool:
+    """A cell run by ``%%accelerate`` (``magic.CellProgram``): the notebook names it uses are its namespace, and
+    the magic says this itself, once the names the cell assigned are back."""
+    return isinstance(getattr(function, "namespace", None), dict)
+
+
 def unchanged_note(function, args: tuple, result) -> str | None:
     """One line naming the notebook's objects the function trained copies of, or None."""
     torch = sys.modules.get("torch")
@@ -29,10 +35,14 @@ def unchanged_note(function, args: tuple, result) -> str | None:
         return None
     shown = ", ".join(f"`{name}`" for name in names)
     first = names[0] if names[0].isidentifier() else "model"
-    return (f"note: the ranks trained copies of the notebook's {shown}: the notebook's {shown} "
-            f"{'is' if len(names) == 1 else 'are'} unchanged. To bring the trained weights back, return them "
-            f"from the function (`return {first}.state_dict()` on rank 0) and load them here: "
-            f"`{first}.load_state_dict(notebook_launcher(...))`.")
+    if is_cell_program(function):  # what the cell assigns comes back
+        how = (f"assign them in the cell (`weights = {first}.state_dict()`: rank 0's comes back) and load them in "
+               f"the next one: `{first}.load_state_dict(weights)`")
+    else:
+        how = (f"return them from the function (`return {first}.state_dict()`: rank 0's comes back) and load "
+               f"them here: `{first}.load_state_dict(notebook_launcher(...))`")
+    return (f"notebook_launcher: the ranks trained copies of the notebook's {shown}; the notebook's {shown} "
+            f"{'is' if len(names) == 1 else 'are'} unchanged. To bring the trained weights back, {how}.")
 
 
 def _used_objects(function, args: tuple) -> list[tuple[str, object]]:
@@ -44,7 +54,7 @@ def _used_objects(function, args: tuple) -> list[tuple[str, object]]:
     while isinstance(function, functools.partial):
         args = tuple(function.args) + tuple(args)
         function = function.func
-    if isinstance(getattr(function, "namespace", None), dict):  # %%accelerate: the notebook names the cell uses
+    if is_cell_program(function):  # the notebook names the cell uses
         returned = set(getattr(function, "return_names", ()))
         for name, value in function.namespace.items():
             if name not in returned:

@@ -300,16 +300,30 @@ notebook_launcher(mean_of_the_data, num_processes=2, device="cpu", display="text
 '''
 
 
+MAGIC_TRAINS = """\
+%%accelerate -n 2 --device cpu
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+model(data).pow(2).mean().backward()
+optimizer.step()
+"""
+
+
 def test_a_notebook_model_trained_in_the_ranks_and_not_returned_is_said_unchanged(tmp_path):
     """One line after the run that trained copies of the notebook's ``model`` and returned only a loss, with how
-    to bring the weights back; none when the weights come back, or when the function used an untrained tensor."""
+    to bring the weights back; none when the weights come back, or when the function used an untrained tensor.
+    The same for a cell run by ``%%accelerate``, whose assigned names come back."""
     with running_kernel(tmp_path) as (_, kc, _kernel):
         text = _run_ok(kc, NOTEBOOK_MODEL_CELL)
+        _run_ok(kc, "%load_ext notebook_launcher")
+        magic_loss = _run_ok(kc, MAGIC_TRAINS + "loss = model(data).pow(2).mean().item()\n")
+        magic_weights = _run_ok(kc, MAGIC_TRAINS + "weights = model.state_dict()\n")
+    assert "`weights = model.state_dict()`" in magic_loss and "`model.load_state_dict(weights)`" in magic_loss
+    assert "trained copies" not in magic_weights, magic_weights
     loss, weights, data = (part for part in text.split("--- ")[1:])
-    notes = [line for line in loss.splitlines() if line.startswith("note:")]
+    notes = [line for line in loss.splitlines() if "trained copies" in line]
     assert len(notes) == 1, text
     assert "copies of the notebook's `model`" in notes[0] and "is unchanged" in notes[0], text
     assert "`return model.state_dict()`" in notes[0] and "`model.load_state_dict(" in notes[0], text
     assert "unchanged: True" in loss, text
-    assert "trained: True" in weights and "note:" not in weights, text
-    assert "note:" not in data, text
+    assert "trained: True" in weights and "trained copies" not in weights, text
+    assert "trained copies" not in data, text
