@@ -17,6 +17,7 @@ import sys
 import types
 
 _MAX_DEPTH = 4  # how deep a result is looked into for a module or a tensor (a dict of state dicts is 2)
+_MAX_LOOKS = 10_000  # how many of its values at most
 
 
 def is_cell_program(function) -> bool:
@@ -28,10 +29,10 @@ def is_cell_program(function) -> bool:
 def unchanged_note(function, args: tuple, result) -> str | None:
     """One line naming the notebook's objects the function trained copies of, or None."""
     torch = sys.modules.get("torch")
-    if torch is None or _holds_weights(result, torch, _MAX_DEPTH):
+    if torch is None:
         return None
     names = [name for name, value in _used_objects(function, args) if _trainable(value, torch)]
-    if not names:
+    if not names or _holds_weights(result, torch, _MAX_DEPTH, [_MAX_LOOKS]):
         return None
     shown = ", ".join(f"`{name}`" for name in names)
     first = names[0] if names[0].isidentifier() else "model"
@@ -90,14 +91,18 @@ def _trainable(value, torch) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad
 
 
-def _holds_weights(value, torch, depth: int) -> bool:
-    """Whether a result carries a module or a tensor (a state dict, the model itself), looked ``depth`` deep."""
+def _holds_weights(value, torch, depth: int, looks: list[int]) -> bool:
+    """Whether a result carries a module or a tensor (a state dict, the model itself), looked ``depth`` deep and
+    at ``looks[0]`` values at most (a result of a million numbers is not walked)."""
+    looks[0] -= 1
     if isinstance(value, (torch.nn.Module, torch.Tensor)):
         return True
-    if depth == 0:
+    if depth == 0 or looks[0] <= 0:
         return False
-    if isinstance(value, dict):
-        return any(_holds_weights(item, torch, depth - 1) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_weights(item, torch, depth - 1) for item in value[:100])
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        if looks[0] <= 0:
+            return False
+        if _holds_weights(item, torch, depth - 1, looks):
+            return True
     return False
