@@ -327,3 +327,47 @@ def test_a_notebook_model_trained_in_the_ranks_and_not_returned_is_said_unchange
     assert "unchanged: True" in loss, text
     assert "trained: True" in weights and "trained copies" not in weights, text
     assert "trained copies" not in data, text
+
+
+FORKED_CHILD_CELL = '''\
+import multiprocessing, os, time
+import torch
+import torch.distributed as dist
+from notebook_launcher import LaunchTimeoutError, notebook_launcher
+
+def in_a_forked_child(group, folder):
+    open(os.path.join(folder, "child"), "w").close()
+    dist.all_reduce(torch.ones(1), group=group)  # the child's own, on a copy of the rank's group: it never ends
+
+def rank_1_waits_for_its_child(folder):
+    alone = [dist.new_group([0]), dist.new_group([1])]
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 1:
+        child = multiprocessing.get_context("fork").Process(target=in_a_forked_child, args=(alone[1], folder))
+        child.start()
+        child.join()
+    else:
+        dist.barrier()  # rank 1 never joins it
+
+try:
+    notebook_launcher(rank_1_waits_for_its_child, args=({folder!r},), num_processes=2, device="cpu",
+                      display="text", timeout={timeout})
+except LaunchTimeoutError as error:
+    print("child started:", os.path.exists(os.path.join({folder!r}, "child")))
+    print(error)
+'''
+
+
+def test_a_process_a_rank_forked_never_tells_the_ranks_story(tmp_path):
+    """A child forked by rank 1 waits in a collective of its own while rank 1 waits for the child: the story at
+    the timeout is rank 1's (in its own code, in ``join``), never the child's collective told as rank 1's."""
+    folder = tmp_path / "marks"
+    folder.mkdir()
+    with running_kernel(tmp_path) as (_, kc, kernel):
+        text = _run_ok(kc, FORKED_CHILD_CELL.format(folder=str(folder), timeout=20))
+        assert kernel.children(recursive=True) == []
+    assert "child started: True" in text, text
+    rank_1 = [line for line in text.splitlines() if line.startswith("rank 1:")]
+    assert rank_1 and "in any collective" in rank_1[0], text
+    assert "in_a_forked_child" not in text.split("Python stacks of rank 1")[0], text
+    assert "different collectives" not in text, text
