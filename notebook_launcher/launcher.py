@@ -16,6 +16,7 @@ from .errors import LaunchArgumentError
 from .keywords import bind, docstring_list, signature
 from .launchers import HostSettings, launch
 from .launchers.detach import lifetime, start
+from .notebook_objects import is_cell_program, unchanged_note
 from .plan import make_plan
 
 
@@ -67,6 +68,11 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     user gives it back (``.status``, ``.progress``, ``.result()``, ``.stop()``; displayed, the live panel).
 
     ``last_run()`` gives the Run afterwards: results and exit codes by rank, events, the run log directory.
+
+    Each rank trains its own copy of a model or tensor of the notebook's: the notebook's object is unchanged
+    unless the function returns the weights (``return model.state_dict()``; then
+    ``model.load_state_dict(notebook_launcher(...))``). When the function uses one and returns no module or
+    tensor, a line after the run says so.
     """
     __tracebackhide__ = True  # IPython: the error is the story, not the launcher's frames
     function, args, given = bind(SIGNATURE, positional, keywords)
@@ -95,7 +101,11 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
     if given.detach:
         return start(plan, settings, display, detach_for=detach_for)
-    return launch(plan, display, settings)
+    result = launch(plan, display, settings)
+    note = None if plan.runs_in_kernel or is_cell_program(function) else unchanged_note(function, args, result)
+    if note:  # the ranks trained copies of a model of the notebook's, and none came back
+        print(note)
+    return result
 
 
 SIGNATURE = signature()

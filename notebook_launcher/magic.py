@@ -22,6 +22,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .keywords import magic_options
+from .notebook_objects import unchanged_note
 
 MAX_RETURN_BYTES = 2**30  # a value bigger than this pickled stays on the ranks
 KEYWORD_OPTIONS = magic_options()  # (flags, settings) of each keyword %%accelerate takes, declared in keywords.py
@@ -46,8 +47,10 @@ class CellProgram:
         self.filename = filename
         self.namespace = namespace
         self.return_names = return_names
+        self.ran_in = None  # the process that ran it last: the kernel itself for one process (copies elsewhere)
 
     def __call__(self):
+        self.ran_in = os.getpid()
         _register_source(self.filename, self.source)  # so tracebacks show the cell's own lines
         namespace = dict(self.namespace, __name__="__main__")
         exec(compile(self.source, self.filename, "exec"), namespace)
@@ -193,19 +196,23 @@ class AccelerateMagics(Magics):
         filename = f"<accelerate cell In[{count}]>"
         source = "\n" + source  # line numbers as the notebook shows them, the %%accelerate line being line 1
         _register_source(filename, f"%%accelerate {line}" + source)
-        result = notebook_launcher(CellProgram(source, filename, namespace, return_names), **keywords)
+        program = CellProgram(source, filename, namespace, return_names)
+        result = notebook_launcher(program, **keywords)
         if keywords["detach"]:
             return result  # the DetachedRun, shown as its panel; what the cell assigns stays in the run
-        if not return_names or not isinstance(result, dict):
-            return None
-        skipped = dict(result["skipped"])
-        values = _load_each(result["values"], skipped)
-        user_ns.update(values)
-        came_back = ", ".join(values) or "nothing"
-        note = f"notebook_launcher: back from rank 0: {came_back}"
-        if skipped:
-            note += "; skipped: " + "; ".join(f"{name} ({why})" for name, why in skipped.items())
-        print(note)
+        values = {}
+        if return_names and isinstance(result, dict):
+            skipped = dict(result["skipped"])
+            values = _load_each(result["values"], skipped)
+            user_ns.update(values)
+            came_back = ", ".join(values) or "nothing"
+            note = f"notebook_launcher: back from rank 0: {came_back}"
+            if skipped:
+                note += "; skipped: " + "; ".join(f"{name} ({why})" for name, why in skipped.items())
+            print(note)
+        unchanged = None if program.ran_in == os.getpid() else unchanged_note(program, (), values)
+        if unchanged:  # the ranks trained copies of a model of the notebook's, and no weights came back
+            print(unchanged)
         return None
 
 

@@ -91,6 +91,10 @@ def test_segfault_shows_the_python_stack_of_the_crash():
         notebook_launcher(crash, num_processes=2, device="cpu")
     message = str(caught.value)
     assert "Segmentation fault" in message and "in crash" in message
+    # as a hang's stacks: the user's frames; the launcher's and those the rank inherited (pytest's) counted
+    crash = message.split("stderr:\n", 1)[1].split("\nOther ranks:", 1)[0]
+    assert "notebook_launcher" not in crash.replace("frames of notebook_launcher's own", ""), message
+    assert "_pytest" not in crash and "frames of notebook_launcher's own below these are not shown" in crash, message
 
 
 def test_timeout_stops_the_run_and_shows_each_rank_stack():

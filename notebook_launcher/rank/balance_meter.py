@@ -124,6 +124,12 @@ def ddp_wait_known(record: list | None, seconds: float) -> None:
         _meter.ddp_wait_known(record, seconds)
 
 
+def forget() -> None:
+    """In a process forked from the rank: its figures are not the rank's, it sends none."""
+    global _meter
+    _meter = None
+
+
 def finish() -> None:
     """The function returned or raised: the last figures, once."""
     global _meter

@@ -4,8 +4,8 @@ This module only knows the event schema (``events``); it never imports the kerne
 
 1. dies with its parent (``PR_SET_PDEATHSIG``), so a crashed kernel leaves no orphan training on, and is the
    subreaper of what it starts, which it ends before exiting (nothing a rank started outlives it; if the rank is
-   killed or aborts, the kernel, a subreaper too, ends it); it is in a process group of its own that it does
-   not lead, so ``os.setsid()`` works in the user's code;
+   killed or aborts, the kernel, a subreaper too, ends it; what it forks dies with it: ``frameworks.at_fork``);
+   it is in a process group of its own that it does not lead, so ``os.setsid()`` works in the user's code;
 2. points fd 1 and fd 2 at pipes of its own and replaces ``sys.stdout``/``sys.stderr`` with unbuffered writers on
    them, so Python prints and C/C++ output (gloo, NCCL, torch warnings) reach the kernel in order and nothing is
    held in a buffer when the process is killed;
@@ -36,6 +36,7 @@ from ..schema.results import inherit_kernel_main
 from . import balance_meter, context
 from .accelerate_state import prepare_accelerate
 from .context import RankContext
+from .frameworks import at_fork, not_interactive, refuse_nested_launchers
 from .logging import install_event_logging
 from .reporting import call_and_report
 from .rich_output import install as install_rich_output
@@ -131,10 +132,14 @@ def _run(spec: RankSpec, load_function) -> int:
 def _run_rank(spec: RankSpec, events: EventWriter, load_function) -> int:
     """One rank in this process: the process group, the hooks, the function, its result or exception."""
     events.emit(STATUS, {"state": "starting", "pid": os.getpid(), "local_rank": spec.local_rank})
+    at_fork()  # what the rank forks dies with it, and never tells its story as the rank
     os.environ.update(spec.env)
 
     def set_up_and_call():
         function, args = load_function()
+        # a worker of a launch made already, not a notebook to launch from (Lightning's check); after the
+        # payload's imports and the rank's IPython shell (rich_output), which sets sys.ps1 again
+        not_interactive()
         prepare_accelerate(cpu_launch=spec.device == "cpu")
         _limit_cpu_threads(spec)
         grouped = _init_process_group(spec)
@@ -225,6 +230,7 @@ def _install_collective_hooks() -> None:
 
     collectives.install()
     ddp_watch.install()
+    refuse_nested_launchers()
 
 
 def _limit_memory(spec: RankSpec) -> None:

@@ -57,6 +57,7 @@ class RankDemux:
         self._fd_lines: dict[str, LineSplitter] = {stream: LineSplitter() for stream in STREAMS}
         self._python_lines: dict[str, LineSplitter] = {}  # stream name -> splitter of its ``output`` events
         self._dump: str | None = None  # None | "expected" | "in": a faulthandler dump the kernel asked for
+        self._torch_prefix = f"[rank{rank}]:"  # what torch's C++ log puts before each line of this rank's
 
     def feed(self, channel: str, chunk: bytes) -> Iterator[Event | StreamLines | LogRecords]:
         """The events and lists of plain lines in ``chunk`` read on ``channel`` (one of CHANNELS); ``b""``: the
@@ -134,6 +135,9 @@ class RankDemux:
     def _feed_stream(self, stream: str, chunk: bytes) -> Iterator[Event | StreamLines | LogRecords]:
         splitter = self._fd_lines[stream]
         lines = splitter.feed(chunk) if chunk else splitter.finish()
+        prefix = self._torch_prefix
+        if any(line.startswith(prefix) for line in lines):  # the rank is named once, by us: not "[rank1]:" again
+            lines = [line[len(prefix):] if line.startswith(prefix) else line for line in lines]
         if stream == "stderr" and self._dump:
             for line in lines:
                 data = {"stream": stream, "text": line}

@@ -26,7 +26,8 @@ _LOST_PEER = re.compile(
 )
 LONG_WAIT_S = 2.0  # at a timeout, a rank in a collective for this long counts as waiting, not passing through
 _CONTEXT_LINES = 30
-_MAX_CRASH_LINES = 120
+_MAX_CRASH_LINES = 1200  # how far back a crash report ("Fatal Python error") is looked for: every thread's dump
+_NATIVE_LINES = 20  # how far before it a native library's own report ("terminate called ...") is looked for
 _STDERR_KEPT = 2000  # per rank: enough for faulthandler's dump of every thread
 _SIGNAL_HINTS = {
     "SIGKILL": "killed from outside, often by the out-of-memory killer (check `dmesg`)",
@@ -133,11 +134,25 @@ class FailureTracker:
 
 
 def _stderr_context(lines: list[str]) -> list[str]:
-    """The end of a rank's stderr; for a crash, faulthandler's whole report ("Fatal Python error: ...")."""
+    """The end of a rank's stderr; for a crash, as a hang's stacks are shown: the native library's own report
+    first (gloo's ``terminate called after throwing ... what(): ... Received data size doesn't match``), then
+    faulthandler's "Fatal Python error" and the user's frames, ours and the kernel's inherited ones cut with a
+    count (``stacks.user_stack``; the run log keeps the whole dump)."""
     for index in range(len(lines) - 1, max(-1, len(lines) - _MAX_CRASH_LINES - 1), -1):
         if lines[index].startswith("Fatal Python error"):
-            return lines[index:]
+            stack = user_stack(lines[index + 1:])
+            return _native_report(lines[:index]) + [lines[index]] + (stack.split("\n") if stack else [])
     return lines[-_CONTEXT_LINES:]
+
+
+def _native_report(before: list[str]) -> list[str]:
+    """What a native library wrote as it aborted, just before faulthandler's report: from a C++ runtime's
+    "terminate called" on, else the last few lines."""
+    recent = before[-_NATIVE_LINES:]
+    for index in range(len(recent) - 1, -1, -1):
+        if recent[index].startswith("terminate called"):
+            return recent[index:]
+    return [line for line in before[-3:] if line.strip()]
 
 
 def _exit_failure(event: Event, when: float) -> RankFailure:
