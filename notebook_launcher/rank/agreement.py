@@ -48,8 +48,8 @@ RAW_COLLECTIVES = {
 # the functional collectives (DTensor, FSDP2's state dicts, compiled code), checked alike (``rank/functional``):
 # each op's in-place and out= variants are checked under its name here
 FUNCTIONAL_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
-                          "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
-                          "all_to_all_single", "broadcast")
+                          "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
+                          "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast")
 # those added after ops' own names and check_trigger: their codes come after them (below)
 _ADDED_LATER = ("all_gather_coalesced", "all_reduce_coalesced", "_all_gather_base", "_reduce_scatter_base",
                 "all_to_all", "gather_object", "scatter_object_list", "monitored_barrier")

@@ -45,8 +45,8 @@ def whole(value, rank: int):
     if dtensor is not None and all(text == mine for text in others) and all(isinstance(t, dtensor) for t in found):
         return _replaced(value, kinds, {id(item): item.full_tensor() for item in found}, "")
     differs = [other for other, text in enumerate(others) if text != mine]
-    reason = (f"rank{'s' if len(differs) > 1 else ''} {', '.join(map(str, differs))} did not return the same sharded tensors"
-              if differs else "it is a ShardedTensor")
+    who = f"rank{'s' if len(differs) > 1 else ''} {', '.join(map(str, differs))}"
+    reason = f"{who} did not return the same sharded tensors" if differs else "it is a ShardedTensor"
     return _replaced(value, kinds, {}, reason)
 
 
