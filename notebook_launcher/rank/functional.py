@@ -54,7 +54,7 @@ def install() -> None:
     global _library
     if _library is not None or not hasattr(torch.ops, "_c10d_functional"):
         return
-    library = torch.library.Library("_c10d_functional", "IMPL")  # noqa: TOR901 - kernels for existing ops
+    library = torch.library.Library("_c10d_functional", "IMPL")  # kernels for the existing ops
     namespace = torch.ops._c10d_functional
     for name in [*_OPS, "wait_tensor"]:
         try:
@@ -75,6 +75,7 @@ def _original(op):
 
 
 def _kernel(name: str, op):
+    """The kernel for collective ``name``: recorded, checked in debug mode, then launched by the op's own."""
     original = _original(op)
     checked, rule = _OPS[name]
     names = [argument.name for argument in op._schema.arguments]
@@ -85,7 +86,9 @@ def _kernel(name: str, op):
         if context.current.progress is None and not debug_mode_enabled():
             return original(*args, **kwargs)
         bound = {**dict(zip(names, args)), **kwargs}
-        group = dist.distributed_c10d._resolve_process_group(bound["group_name"])
+        group = bound["group_name"]  # (a name, or in newer torch the group itself)
+        if not isinstance(group, dist.ProcessGroup):
+            group = dist.distributed_c10d._resolve_process_group(group)
         subject = bound.get("input", bound.get("inputs"))
         rule_here = rule
         if checked == "all_to_all_single" and (bound.get("output_split_sizes") or bound.get("input_split_sizes")):
