@@ -1,7 +1,7 @@
 """What watching FSDP2's collectives costs: one small FSDP2 training step on 2 CPU ranks (gloo), bare torch beside
 our launched ranks, with debug mode off and on.
 
-Run: ``.venv/bin/python benchmarks/functional_hooks.py`` (about a minute; ``--reps 5 --steps 10``).
+Run: ``.venv/bin/python benchmarks/functional_hooks.py`` (about a minute; ``--reps 5 --steps 10`` is shorter).
 
 The step: forward, backward, ``clip_grad_norm_`` and SGD on a 4-layer MLP, each layer ``fully_shard``-ed. Its
 collectives are FSDP2's all_gathers and reduce-scatters (``torch.distributed``'s, hooked by ``ops``) and the
@@ -123,7 +123,7 @@ def spread(values) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=7, help="blocks per way")
+    parser.add_argument("--reps", type=int, default=15, help="blocks per way")
     parser.add_argument("--steps", type=int, default=20, help="training steps per block")
     options = parser.parse_args()
     load_at_start = os.getloadavg()
