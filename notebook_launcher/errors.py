@@ -62,7 +62,8 @@ class HostFailedError(NotebookLauncherError, RuntimeError):
 
 class ResultUnavailableError(NotebookLauncherError, RuntimeError):
     """Every rank finished, but a return value could not be rebuilt in the kernel (unpickling it failed, e.g. its
-    class exists only in the worker). Attributes: ``rank``, ``type`` (the value's type name), ``reason``, ``run``
+    class exists only in the worker; or it held a DTensor, one rank's shard, that could not be gathered: the reason
+    names the fix). Attributes: ``rank``, ``type`` (the value's type name), ``reason``, ``run``
     (the Run; the other ranks' results are in ``run.results``)."""
 
     def __init__(self, rank: int, type_name: str, reason: str, run=None):

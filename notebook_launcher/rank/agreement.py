@@ -45,6 +45,11 @@ RAW_COLLECTIVES = {
     "scatter_object_list": ("scatter_object_output_list", "op"),
     "monitored_barrier": (None, "op"),
 }
+# the functional collectives (DTensor, FSDP2's state dicts, compiled code), checked alike (``rank/functional``):
+# each op's in-place and out= variants are checked under its name here
+FUNCTIONAL_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
+                          "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
+                          "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast")
 # those added after collectives' own names and check_trigger: their codes come after them (below)
 _ADDED_LATER = ("all_gather_coalesced", "all_reduce_coalesced", "_all_gather_base", "_reduce_scatter_base",
                 "all_to_all", "gather_object", "scatter_object_list", "monitored_barrier")
@@ -53,7 +58,8 @@ _ADDED_LATER = ("all_gather_coalesced", "all_reduce_coalesced", "_all_gather_bas
 OPERATIONS = [f"torch.distributed.{name}" for name in RAW_COLLECTIVES if name not in _ADDED_LATER] + [
     f"notebook_launcher.ops.{name}" for name in ("gather", "gather_object", "broadcast", "broadcast_object_list",
                                                  "reduce", "pad_across_processes")] + [
-    "notebook_launcher.check_trigger"] + [f"torch.distributed.{name}" for name in _ADDED_LATER]
+    "notebook_launcher.check_trigger"] + [f"torch.distributed.{name}" for name in _ADDED_LATER] + [
+    f"torch.ops._c10d_functional.{name}" for name in FUNCTIONAL_COLLECTIVES]
 _CODES = {name: code for code, name in enumerate(OPERATIONS)}
 
 

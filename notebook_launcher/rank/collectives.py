@@ -206,9 +206,9 @@ class _collective:
     """
 
     def __init__(self, operation: str, subject, rule: str, group=None, site: str | None = None,
-                 carry: bool = False, detail: int = 0):
+                 carry: bool = False, detail: int = 0, name: str | None = None):
         self.operation, self.subject, self.rule, self.group, self.site = operation, subject, rule, group, site
-        self.carry, self.detail = carry, detail
+        self.carry, self.detail, self.given_name = carry, detail, name
         self.carried = None
 
     def __enter__(self):
@@ -221,7 +221,7 @@ class _collective:
         if progress is not None:
             site = site or call_site()
             name = self.operation.rsplit(".", 1)[-1]
-            self.name = f"FSDP {name}" if _called_by_fsdp() else name
+            self.name = f"FSDP {name}" if _called_by_fsdp() else self.given_name or name
             self.members = work_watch.group_members(self.group)
             self.slot = progress.enter(self.name, site, members=self.members)
         try:
@@ -353,11 +353,16 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(_OWN_DIR) or filename.startswith(_TORCH_DIR)
+        if not (filename.startswith(_OWN_DIR) or filename.startswith(_TORCH_DIR) or _generated(filename)
                 or f"{os.sep}accelerate{os.sep}" in filename or filename.startswith("<frozen")):
             return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return "?"
+
+
+def _generated(filename: str) -> bool:
+    """Code torch.compile made (an FX graph's, inductor's output): the user's line is further out."""
+    return filename.startswith("<eval_with_key>") or "torchinductor_" in filename
 
 
 def _called_by_fsdp() -> bool:

@@ -48,8 +48,9 @@ def _exit_code_of(exc: SystemExit) -> int:
 def report_result(events, result, rank: int, results: str) -> None:
     """The ``result`` event: the value's pickle and its tensors' bytes (``results.pack_result``)."""
     from ..schema.results import pack_result
+    from .shards import whole
 
-    data, parts = pack_result(to_cpu(result), rank, results)
+    data, parts = pack_result(to_cpu(whole(result, rank)), rank, results)
     events.emit_parts(RESULT, data, parts)
 
 

@@ -226,9 +226,10 @@ def _install_collective_hooks() -> None:
     """Every torch.distributed collective records where this rank is (for hang diagnosis) and, in debug mode,
     checks that all ranks agree before it runs; so do DDP's own collectives (recorded, not checked; see
     ddp_watch, NOTEBOOK_LAUNCHER_DDP_WATCH=0: not). What they record and send is ``context.current``'s."""
-    from . import collectives, ddp_watch
+    from . import collectives, ddp_watch, functional
 
     collectives.install()
+    functional.install()  # DTensor's, FSDP2's and compiled code's collectives
     ddp_watch.install()
     refuse_nested_launchers()
 
