@@ -36,7 +36,7 @@ from common import HERE, ROOT, median, table, write_json
 from nbformat.v4 import new_code_cell, new_notebook
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings  # noqa: E402
+from helpers.browser import chromium, command, jupyter_lab, open_notebook, quiet_settings  # noqa: E402
 
 RESULTS_PATH = os.path.join(HERE, "results", "panel_browser.json")
 RECEIVED: list = []  # (arrival, bytes) of each websocket frame of the page open now

@@ -14,8 +14,17 @@ import sys
 
 import nbformat
 import pytest
-from browser import OUTPUT_DIR, chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
-from cells import hang_cell
+from helpers.browser import (
+    OUTPUT_DIR,
+    chromium,
+    command,
+    jupyter_lab,
+    open_notebook,
+    quiet_settings,
+    screenshot,
+    to_docs,
+)
+from helpers.cells import hang_cell
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,16 @@ import os
 
 import nbformat
 import pytest
-from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
-from test_browser import _notebook
+from helpers.browser import (
+    _notebook,
+    chromium,
+    command,
+    jupyter_lab,
+    open_notebook,
+    quiet_settings,
+    screenshot,
+    to_docs,
+)
 
 from notebook_launcher import get_logger, last_run, notebook_launcher
 

@@ -13,9 +13,9 @@ import fcntl
 import os
 import subprocess
 
-import psutil
 import pytest
-from test_kernel import _assert_ok, _panel, _result, run_cell, running_kernel
+from helpers.kernel import _assert_ok, _panel, _result, run_cell, running_kernel
+from helpers.processes import no_children_left
 
 from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.schema.runlog import read_run_log
@@ -73,10 +73,6 @@ def fill(folder: str) -> None:
         with open(os.path.join(folder, "filler"), "ab", buffering=0) as out:
             out.write(b"x")
     assert refused.value.errno == errno.ENOSPC
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def reduces_and_returns(fill_disk_at: str = "", shut_down: str = "", lines: int = 0):

@@ -10,8 +10,8 @@ import signal
 import stat
 import time
 
-import psutil
 import pytest
+from helpers.processes import no_children_left
 
 from notebook_launcher import LaunchArgumentError, RunNotFoundError, inspect_run, last_run, notebook_launcher
 from notebook_launcher.accelerate_config import MAX_ALIASES, MAX_CONFIG_BYTES
@@ -21,10 +21,6 @@ from notebook_launcher.schema import runfolders, runlog
 from notebook_launcher.schema.events import PROGRESS, STREAM, Event
 from notebook_launcher.schema.lines import StreamLines
 from notebook_launcher.schema.runlog import RunFileRefused, RunLog, read_run_log
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def returns_rank():

@@ -15,16 +15,13 @@ import time
 import psutil
 import pytest
 import torch
+from helpers.processes import no_children_left
 
 from notebook_launcher import LaunchArgumentError, RankFailedError, ResultUnavailableError, last_run, notebook_launcher
 from notebook_launcher.schema.decoding import FrameDecoder, LineSplitter
 from notebook_launcher.schema.events import encode_frame
 from notebook_launcher.schema.results import SMALL_RESULT_BYTES, pack_result, result_sinks, unpack_result
 from notebook_launcher.schema.runlog import KEEP_RUNS, PRUNE_MIN_AGE_S, RunLog
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def returns_rank():

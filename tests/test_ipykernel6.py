@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from test_kernel import PANEL_MIME, running_kernel
+from helpers.kernel import PANEL_MIME, running_kernel
 
 from notebook_launcher.display.comm import run_comm_id, unpack
 

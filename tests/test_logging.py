@@ -7,7 +7,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import run_torchrun
+from helpers.processes import run_torchrun
 
 from notebook_launcher import RankFailedError, get_logger, last_run, notebook_launcher
 

@@ -16,7 +16,7 @@ import textwrap
 from sys import getsizeof
 
 import psutil
-from test_kernel import PANEL_MIME, _assert_ok, _panel, _stream, run_cell, running_kernel
+from helpers.kernel import PANEL_MIME, _assert_ok, _panel, _stream, run_cell, running_kernel
 
 from notebook_launcher import last_run, notebook_launcher, recent_runs, runs
 from notebook_launcher.display.budget import saved_size

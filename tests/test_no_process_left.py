@@ -14,7 +14,7 @@ import time
 
 import psutil
 import pytest
-from test_kernel import _assert_ok, run_cell, running_kernel
+from helpers.kernel import _assert_ok, run_cell, running_kernel
 
 from notebook_launcher import RankFailedError, notebook_launcher
 from notebook_launcher.schema.proctree import is_subreaper

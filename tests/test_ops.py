@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 import torch
-from conftest import run_torchrun
+from helpers.processes import run_torchrun
 
 from notebook_launcher import (
     LaunchTimeoutError,

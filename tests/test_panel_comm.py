@@ -10,7 +10,7 @@ import queue
 import time
 
 import pytest
-from test_kernel import PANEL_MIME, running_kernel
+from helpers.kernel import PANEL_MIME, running_kernel
 
 from notebook_launcher.display.comm import unpack
 from notebook_launcher.display.delta import apply_delta

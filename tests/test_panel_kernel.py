@@ -10,8 +10,8 @@ import sys
 
 import nbformat
 import pytest
+from helpers.kernel import KERNEL_NAME, PANEL_MIME, _assert_ok, _messages, _shell_reply, running_kernel
 from nbformat.v4 import new_code_cell, new_notebook
-from test_kernel import KERNEL_NAME, PANEL_MIME, _assert_ok, _messages, _shell_reply, running_kernel
 
 SLOW_CELL = '''\
 import time

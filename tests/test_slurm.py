@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from slurm_cluster import slurm_missing
+from helpers.slurm_cluster import RESERVATION, hold_the_nodes, slurm_missing
 
 from notebook_launcher import notebook_launcher
 from notebook_launcher.display import TextDisplay
@@ -26,7 +26,6 @@ from notebook_launcher.runs import last_run
 pytestmark = pytest.mark.slow
 DRIVER = os.path.join(os.path.dirname(__file__), "slurm_driver.py")
 CHECKOUT = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # this checkout's package
-RESERVATION = "nl-test-hold"
 
 
 def where_am_i():
@@ -51,56 +50,6 @@ def fails_on_node_2():
 def sleeps():
     print(f"sleeping on {os.environ.get('SLURMD_NODENAME')}", flush=True)
     time.sleep(300)
-
-
-@pytest.fixture
-def slurm(slurm_cluster, monkeypatch):
-    """The cluster, with this process outside any allocation, and afterwards a check that nothing is left:
-    squeue empty, no process of ours (an agent, a rank, salloc, srun) alive."""
-    for name in [name for name in os.environ if name.startswith(("SLURM_", "SALLOC_", "SRUN_"))]:
-        if name != "SLURM_CONF":
-            monkeypatch.delenv(name)
-    yield slurm_cluster
-    try:
-        assert slurm_cluster.wait_no_jobs(60) == [], "a Slurm job of the test was left in squeue"
-        assert _left_behind(slurm_cluster) == [], "processes of the launch were left behind"
-    finally:
-        slurm_cluster.run(["scontrol", "delete", f"ReservationName={RESERVATION}"])
-        slurm_cluster.cancel_all()
-
-
-def _left_behind(cluster, wait_s: float = 30) -> list[str]:
-    """Processes (other than the daemons and this test) whose environment names the test cluster's config."""
-    daemons = {process.pid for process in cluster.processes.values()}
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            if int(pid) in daemons or int(pid) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as file:
-                    if cluster.conf.encode() not in file.read():
-                        continue
-                with open(f"/proc/{pid}/cmdline", "rb") as file:
-                    command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                with open(f"/proc/{pid}/stat") as file:
-                    if file.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue  # a zombie its parent is about to reap
-            except OSError:
-                continue
-            if command and "slurmstepd" not in command and "slurmscriptd" not in command:
-                found.append(f"{pid} {command}")
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.5)
-
-
-def hold_the_nodes(cluster) -> None:
-    """A maintenance reservation over both nodes: a job asking for them pends (ReqNodeNotAvail)."""
-    done = cluster.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "Nodes=ALL",
-                        "StartTime=now", "Duration=30", "Users=nobody", "Flags=maint,ignore_jobs"])
-    assert done.returncode == 0, done.stderr
 
 
 def test_the_test_cluster_runs_a_step_on_each_node(slurm):

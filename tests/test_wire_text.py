@@ -11,8 +11,7 @@ import json
 
 import psutil
 import pytest
-from test_kernel import _assert_ok, _panel, _panel_lines, _stream, run_cell
-from test_rich_output import _env, _rank_outputs, kernel_with_log
+from helpers.kernel import _assert_ok, _env, _panel, _panel_lines, _rank_outputs, _stream, kernel_with_log, run_cell
 
 from notebook_launcher import RankFailedError, ResultUnavailableError, last_run, notebook_launcher
 from notebook_launcher.schema.decoding import FrameDecoder
