@@ -63,6 +63,7 @@ def record_run(seconds: float, fail_rank: int) -> str:
     return run_dir
 
 
+@pytest.mark.processes
 def test_at_32_ranks_the_grid_shows_live_a_click_opens_lines_a_failure_stands_out_and_it_is_saved(lab):
     root, url, browser = lab
     run_dir = record_run(12, 13)

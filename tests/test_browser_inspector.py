@@ -26,7 +26,7 @@ from helpers.browser import (
 
 from notebook_launcher import get_logger, last_run, notebook_launcher
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.browser]
 
 OUTPUTS = ".jp-Notebook .jp-CodeCell .jp-OutputArea"
 INSPECT_CELL = "from notebook_launcher import inspect_run\ninspect_run({run_id!r})"

@@ -11,6 +11,8 @@ import pytest
 from helpers.cells import hang_cell
 from helpers.kernel import PANEL_MIME, _messages, running_kernel
 
+pytestmark = pytest.mark.kernel
+
 HANG_CELL = hang_cell(warm_up=2, hang_warning=3, timeout=18)
 
 

@@ -78,6 +78,7 @@ notebook_launcher(hello, args=(5,), num_processes=2, start_method=START_METHOD, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("start_method,display", [("auto", "auto"), ("spawn", "auto"), ("auto", "text")])
+@pytest.mark.kernel
 def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_dir, start_method, display):
     from nbclient import NotebookClient
 
@@ -175,6 +176,8 @@ notebook_launcher(again, args=(7.0,), num_processes=2)
     ("all_reduce", "fork"),
     ("sleep", "spawn"),
 ])
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_interrupt_stops_every_worker_and_the_kernel_stays_usable(tmp_path, runs_dir, how, start_method):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -260,6 +263,8 @@ def _output_text(output) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_run_notebook_script_runs_the_quickstart(tmp_path):
     notebook_path = tmp_path / "quickstart.ipynb"
     shutil.copy(QUICKSTART, notebook_path)
@@ -285,6 +290,8 @@ def test_run_notebook_script_runs_the_quickstart(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_run_notebook_script_fails_on_a_failing_cell_and_still_saves(tmp_path):
     notebook = new_notebook(cells=[new_code_cell("print('before')"), new_code_cell("raise ValueError('boom')"),
                                    new_code_cell("print('never')")],
@@ -311,6 +318,7 @@ def test_quickstart_is_committed_with_cleared_outputs():
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_a_failed_launch_shows_the_users_frames_and_none_of_the_launchers(tmp_path):
     from nbclient import NotebookClient
 

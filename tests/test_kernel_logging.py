@@ -26,6 +26,8 @@ from helpers.kernel import KERNEL_NAME, SHUTDOWN_S
 from helpers.processes import _kill_leftovers
 from nbformat.v4 import new_code_cell, new_notebook
 
+pytestmark = [pytest.mark.processes, pytest.mark.kernel]
+
 CELL_TIMEOUT_S = 60
 RANKS = (0, 1, 2)
 CALLS = 20

@@ -9,12 +9,15 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import notebook_launcher
 
 LABEXTENSION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "labextension")
 NAME = "notebook-launcher-panel"
 
 
+@pytest.mark.processes
 def test_the_installed_extension_is_listed_enabled_and_ok():
     listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True,
                             text=True, timeout=120)
@@ -33,6 +36,8 @@ def test_the_installed_extension_declares_the_renderer_and_the_sidebar():
         assert json.load(install)["packageName"] == "notebook-launcher"
 
 
+@pytest.mark.processes
+@pytest.mark.npm
 def test_the_renderer_unit_tests_pass():  # Node.js and npm are there: installing from source built the extension
     if not os.path.isdir(os.path.join(LABEXTENSION, "node_modules")):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=LABEXTENSION, check=True,

@@ -16,7 +16,7 @@ from notebook_launcher.display.comm import unpack
 from notebook_launcher.display.delta import apply_delta
 from notebook_launcher.display.panel import REFRESH_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernel]
 
 RANKS = 16
 CELL = f'''\

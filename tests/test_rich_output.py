@@ -53,6 +53,7 @@ notebook_launcher(show_things, num_processes=2, start_method="METHOD")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.kernel
 def test_a_ranks_display_figure_and_updates_reach_the_cell(tmp_path, runs_dir, method):
     pytest.importorskip("matplotlib")
     with kernel_with_log(tmp_path, _env(runs_dir)) as (kc, log_path):
@@ -100,6 +101,7 @@ notebook_launcher(redraw_and_progress, num_processes=2)
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_clear_output_tqdm_auto_and_a_widget_in_a_rank(tmp_path, runs_dir):
     with kernel_with_log(tmp_path, _env(runs_dir)) as (kc, log_path):
         reply, outputs = run_cell(kc, CLEAR_TQDM_WIDGET_CELL, timeout=180)
@@ -214,6 +216,7 @@ steps = notebook_launcher(train, args=("trainer",), num_processes=2, device="cpu
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_trainers_notebook_callback_shows_its_loss_table_in_the_cell(tmp_path, runs_dir):
     """Trainer in a notebook picks NotebookProgressCallback (a display, then updates of its display id): its
     progress bar and "Training Loss" table are one output of the cell, updated to the last step, and saved."""

@@ -18,6 +18,8 @@ from notebook_launcher.schema.events import EXIT, FAILURE, RESULT, STREAM
 from notebook_launcher.schema.results import unpack_result
 from notebook_launcher.supervision.supervisor import Supervisor
 
+pytestmark = pytest.mark.processes
+
 
 def supervise(function, args=(), start_method="fork", timeout=None, progress_dir="", tmp_path=None,
               on_event=None, on_tick=None):

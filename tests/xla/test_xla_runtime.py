@@ -19,6 +19,8 @@ from helpers.processes import no_children_left
 
 from notebook_launcher import LaunchArgumentError, LaunchTimeoutError, RankFailedError, last_run, notebook_launcher
 
+pytestmark = pytest.mark.processes
+
 ELEMENTS = 200_000
 
 
