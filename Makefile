@@ -56,8 +56,9 @@ lab: $(VENV)/.ready
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 		$(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
+# Every benchmark, one after another (benchmarks/run.py); `make bench B=launch_overhead` (or B="a b") for some.
 bench: $(VENV)/.ready
-	$(BIN)/python benchmarks/launch_overhead.py
+	$(BIN)/python benchmarks/run.py $(B)
 
 clean:
 	rm -rf $(VENV) $(XLA_VENV) notebooks/*.executed.ipynb
