@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import io
 import json
-import math
 import os
 import queue as queue_module
 import socket
@@ -123,15 +122,6 @@ def finish(args: argparse.Namespace, results: dict, headline: dict, default=str)
     print("headline: " + "; ".join(f"{label} {fmt_ratio(value)}" for label, value in headline.items()))
     print(f"wrote {os.path.relpath(args.output)}")
     return 0
-
-
-def figure(value) -> float | None:
-    """A headline figure as a plain float; None if it is not a finite number."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
 
 
 # --------------------------------------------------------------------------------------------------------------
