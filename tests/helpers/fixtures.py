@@ -1,4 +1,5 @@
-"""The fixtures several test files use; tests/conftest.py makes them available to every test."""
+"""The fixtures several test files use; tests/conftest.py makes them available to every test. (What needs more
+than the standard library is imported where it is used: tests/gpu and tests/xla run in leaner environments.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import os
 
 import pytest
 
-from helpers.browser import built_extension, chromium, jupyter_lab, quiet_settings
 from helpers.slurm_cluster import RESERVATION, SlurmCluster, _left_behind, slurm_missing
 from helpers.sshd import LocalSshd
 
@@ -68,6 +68,8 @@ def slurm(slurm_cluster, monkeypatch):
 def lab(tmp_path, runs_dir):
     """JupyterLab serving this checkout's built extension (first on its labextensions path) to a kernel that
     imports this checkout's code, and Chromium; yields (root folder, URL, browser)."""
+    from helpers.browser import built_extension, chromium, jupyter_lab, quiet_settings
+
     if built_extension() is None:
         pytest.fail("the extension is not built: cd labextension && npm run build")
     root = tmp_path / "lab"
