@@ -1,5 +1,5 @@
-# The two commands of the README: `make demo` (the quickstart notebook, end to end, 2 CPU workers) and
-# `make test` (every test). Both set up .venv themselves; torch comes from the local 2.13.0 wheel when present.
+# The commands of the README: `make demo` (the quickstart notebook, end to end, 2 CPU workers), `make test` (every
+# test) and `make test-fast` (the tests that start nothing). Both set up .venv themselves; torch comes from the local 2.13.0 wheel when present.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ LAB_ARGS ?=
 XLA_VENV ?= .venv-xla
 XLA_TORCH_VERSION ?= 2.9.0
 
-.PHONY: demo test test-xla bench lab clean system-deps
+.PHONY: demo test test-fast test-xla bench lab clean system-deps
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: $(VENV)/.ready system-deps
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The loop while editing: every test marked `fast`, i.e. none of the costs of tests/helpers/costs.py (no worker,
+# kernel, sshd, Slurm, browser or npm started).
+test-fast: $(VENV)/.ready
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m fast
 
 # device="xla" on the real torch_xla, on PJRT's CPU device with 2 devices (tests/xla). A venv of its own: torch and
 # torch-xla of one version from PyPI (about 7 GB), and what the tests need; the package itself from this checkout.
@@ -50,8 +56,9 @@ lab: $(VENV)/.ready
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 		$(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
+# Every benchmark, one after another (benchmarks/run.py); `make bench B=launch_overhead` (or B="a b") for some.
 bench: $(VENV)/.ready
-	$(BIN)/python benchmarks/launch_overhead.py
+	$(BIN)/python benchmarks/run.py $(B)
 
 clean:
 	rm -rf $(VENV) $(XLA_VENV) notebooks/*.executed.ipynb

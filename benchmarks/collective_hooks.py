@@ -15,25 +15,24 @@ hits all alike:
 Both with debug mode off (the hang watch's record only) and on (the agreement check too; a small tensor travels
 with it). The figure per block is µs per call on rank 0; the table gives the median over repetitions, the spread
 (min-max), and the ratios function / attribute and function / bare of the medians. Writes
-benchmarks/results/collective_hooks.json.
+benchmarks/results/collective_hooks.json; the headline: both ratios per case.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
 import statistics
+import sys
 
 import torch
-from common import HERE, table, write_json
+from common import arguments, finish, parse, table
 from debug_overhead import _block  # µs per call of a block, the ranks in step
 from torch.distributed import all_reduce  # bound before the launch, as in a notebook cell
 
 from notebook_launcher import last_run, notebook_launcher
 
-RESULTS = os.path.join(HERE, "results", "collective_hooks.json")
 WAYS = ("bare", "attribute", "function")
 CALLS = 300
 
@@ -91,11 +90,11 @@ def spread(values) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "collective_hooks")
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--sizes", default="10,256")
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"reps": 1, "sizes": "10"})
     sizes = [int(size) for size in options.sizes.split(",")]
     load_at_start = os.getloadavg()
     os.environ.pop("ACCELERATE_DEBUG_MODE", None)
@@ -120,10 +119,11 @@ def main() -> None:
           f"directly {spread(alone['attribute'])}, through the trampoline {spread(alone['function'])}: "
           f"{extra:.0f} ns more a call")
     print(f"load average at start {load_at_start[0]:.2f}, at end {load_at_end[0]:.2f}")
-    write_json(RESULTS, {"samples": samples, "trampoline_alone_ns": alone, "ratios": ratios, "load_at_start": load_at_start,
-                         "load_at_end": load_at_end, "options": vars(options)})
-    print(f"wrote {RESULTS}")
+    headline = {f"{case}: {pair}": value for case, pairs in ratios.items() for pair, value in pairs.items()}
+    return finish(options, {"samples": samples, "trampoline_alone_ns": alone, "ratios": ratios,
+                            "load_at_start": load_at_start, "load_at_end": load_at_end, "options": vars(options)},
+                  headline)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

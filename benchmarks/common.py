@@ -1,4 +1,9 @@
-"""Shared helpers of the benchmark scripts (``from common import ...``: a script's own folder is on sys.path).
+"""The harness of the benchmark scripts (``from common import ...``: a script's own folder is on sys.path).
+
+Every benchmark starts from ``arguments(__doc__, NAME)`` (``--output``, ``--smoke``), reads them with
+``parse(parser, argv, smoke={...})`` (its tiny settings for a smoke run) and ends with ``finish(args, results,
+headline)``: its results file, with its headline figures (the ratios it is there to report). ``run.py`` runs any
+of them (``make bench``; ``make bench B=NAME``); tests/test_benchmarks_smoke.py runs each with ``--smoke``.
 
 Importing this module also puts the repository root on sys.path, so that the scripts import the
 ``notebook_launcher`` of this checkout.
@@ -6,6 +11,7 @@ Importing this module also puts the repository root on sys.path, so that the scr
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -81,6 +87,41 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The harness: arguments, smoke runs, the results file and its headline
+# --------------------------------------------------------------------------------------------------------------
+def arguments(doc: str, name: str) -> argparse.ArgumentParser:
+    """The parser every benchmark adds its own options to: its description (the docstring's first paragraph),
+    ``--output`` (default ``benchmarks/results/NAME.json``) and ``--smoke``."""
+    parser = argparse.ArgumentParser(prog=f"{name}.py", description=doc.strip().split("\n\n")[0])
+    parser.set_defaults(name=name)
+    parser.add_argument("--output", default=None, help=f"where to write the JSON results (results/{name}.json)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny size and one repetition: that it runs and reports its figures (not a "
+                             "measurement; written to results/smoke/)")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv=None, smoke: dict | None = None) -> argparse.Namespace:
+    """The arguments; with ``--smoke`` the benchmark's tiny settings (``smoke``) replace the defaults."""
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for key, value in (smoke or {}).items():
+            setattr(args, key, value)
+    if args.output is None:
+        args.output = os.path.join(HERE, "results", *(["smoke"] if args.smoke else []), f"{args.name}.json")
+    return args
+
+
+def finish(args: argparse.Namespace, results: dict, headline: dict, default=str) -> int:
+    """Writes ``results`` and ``headline`` (the benchmark's main figures, ``{label: ratio}``, None where one
+    could not be measured) to ``args.output`` and prints the headline; 0, the exit status."""
+    write_json(args.output, {**results, "headline": headline, "smoke": args.smoke}, default=default)
+    print("headline: " + "; ".join(f"{label} {fmt_ratio(value)}" for label, value in headline.items()))
+    print(f"wrote {os.path.relpath(args.output)}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------------------

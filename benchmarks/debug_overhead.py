@@ -21,23 +21,22 @@ benchmarks/results/debug_overhead.json (every block, medians, ratios, load avera
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
-from common import HERE, free_port, table, write_json
+from common import arguments, finish, free_port, parse, table
 
 from notebook_launcher import last_run, notebook_launcher
 
 WORLD = 2
-RESULTS = os.path.join(HERE, "results", "debug_overhead.json")
 SIZES = [10, 256, 16_384, 262_144, 4_194_304]  # float32 elements: 40 B, 1 KB, 64 KB, 1 MB, 16 MB
 OPERATIONS = ("gather", "all_reduce", "broadcast")
 BLOCK_S = 0.05  # each block runs about this long (at least 5 calls, at most 400)
@@ -152,12 +151,12 @@ def spread(values) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "debug_overhead")
     parser.add_argument("--reps", type=int, default=7, help="blocks off and on per operation and size")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="float32 elements, comma-separated")
     parser.add_argument("--skip-accelerate", action="store_true")
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"reps": 1, "sizes": "10", "skip_accelerate": True})
     sizes = [int(size) for size in options.sizes.split(",")]
     load_at_start = os.getloadavg()
     results = {"ours": ours_sweep(sizes, options.reps)}
@@ -190,10 +189,10 @@ def main() -> None:
     print()
     print("\n".join(verdicts))
     print(f"load average at start {load_at_start[0]:.2f}, at end {load_at_end[0]:.2f}")
-    write_json(RESULTS, {"samples": results, "ratios": ratios, "verdicts": verdicts,
-                         "load_at_start": load_at_start, "load_at_end": load_at_end, "options": vars(options)})
-    print(f"wrote {RESULTS}")
+    return finish(options, {"samples": results, "ratios": ratios, "verdicts": verdicts, "load_at_start": load_at_start,
+                            "load_at_end": load_at_end, "options": vars(options)},
+                  {f"{label} on/off": value for label, value in ratios.items()})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -36,7 +36,6 @@ every 20 s) until no pytest runs on the machine; --no-wait skips that.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
@@ -46,7 +45,6 @@ import selectors
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,16 +53,19 @@ import time
 import psutil
 import torch
 from common import (
-    HERE,
+    ROOT,
     Quiet,
     Watchdog,
+    arguments,
     exit_with,
+    finish,
     free_port,
     kill_all,
     live_descendants,
     log,
     median,
     ms,
+    parse,
     ratio,
 )
 
@@ -73,7 +74,9 @@ from notebook_launcher import RankFailedError, notebook_launcher
 from notebook_launcher.cluster import coordinator as cluster_module
 from notebook_launcher.cluster import remote as remote_module
 
-RESULTS_PATH = os.path.join(HERE, "results", "hosts_launch.json")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from helpers.sshd import LocalSshd as TestSshd  # noqa: E402
+
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CALL_GUARD_S = 40.0  # a launch over SSH takes ~3 s here (~8 s with a DNS stall, see launch_overhead); a hang is cut
 GONE_WITHIN_S = 10.0  # every remote process must be gone this long after the failure arrived
@@ -124,41 +127,13 @@ def wait_for_no_pytest(limit_s: float = PYTEST_WAIT_S) -> float:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# A real sshd on 127.0.0.1 and 127.0.0.2 (as tests/conftest.py's local_sshd)
+# A real sshd on 127.0.0.1 and 127.0.0.2 (the tests' local_sshd)
 # --------------------------------------------------------------------------------------------------------------
-class LocalSshd:
+class LocalSshd(TestSshd):
+    """The tests' sshd (tests/helpers/sshd.py), with what runs below it."""
+
     def __init__(self, workdir: str):
-        self.dir = os.path.join(workdir, "sshd")
-        os.makedirs(self.dir)
-        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        if not os.path.exists(sshd):
-            raise SystemExit("sshd is missing (apt-get install openssh-server)")
-        os.makedirs("/run/sshd", exist_ok=True)
-        host_key, self.user_key = os.path.join(self.dir, "host_key"), os.path.join(self.dir, "user_key")
-        for key in (host_key, self.user_key):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-        authorized = os.path.join(self.dir, "authorized_keys")
-        shutil.copy(f"{self.user_key}.pub", authorized)
-        self.port = free_port()
-        self.config = os.path.join(self.dir, "sshd_config")
-        with open(self.config, "w") as config:
-            config.write(f"Port {self.port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {host_key}\n"
-                         f"AuthorizedKeysFile {authorized}\nPasswordAuthentication no\n"
-                         "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nStrictModes no\n"
-                         "UsePAM no\nPidFile none\n")
-        self.log = open(os.path.join(self.dir, "sshd.log"), "wb")  # noqa: SIM115 - open while sshd runs
-        self.server = subprocess.Popen([sshd, "-D", "-e", "-f", self.config], stdout=subprocess.DEVNULL,
-                                       stderr=self.log, start_new_session=True)
-        deadline = time.monotonic() + 10
-        while True:
-            with socket.socket() as first, socket.socket() as second:
-                if first.connect_ex(("127.0.0.1", self.port)) == 0 and second.connect_ex(("127.0.0.2", self.port)) == 0:
-                    break
-            if time.monotonic() > deadline or self.server.poll() is not None:
-                raise SystemExit(f"sshd did not start on port {self.port}: see {self.log.name}")
-            time.sleep(0.05)
-        self.options = ["-p", str(self.port), "-i", self.user_key, "-o",
-                        f"UserKnownHostsFile={os.path.join(self.dir, 'known_hosts')}"]
+        super().__init__(os.path.join(workdir, "sshd"))
 
     def remote_processes(self) -> list[psutil.Process]:
         """Everything below our sshd: its sessions, the agents they run and the agents' ranks."""
@@ -177,14 +152,7 @@ class LocalSshd:
 
     def stop(self) -> dict:
         left = kill_all(self.remote_processes())
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.server.pid, signal.SIGTERM)
-        try:
-            self.server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.server.pid, signal.SIGKILL)
-            self.server.wait()
-        self.log.close()
+        super().stop()
         still = [p.pid for p in psutil.process_iter(["cmdline"]) if self.config in " ".join(p.info["cmdline"] or [])]
         return {"remote_processes_killed_at_stop": left, "sshd_exit_code": self.server.returncode,
                 "sshd_processes_left": still}
@@ -521,13 +489,12 @@ class Bench:
 # Main
 # --------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, "hosts_launch")
     parser.add_argument("--reps", type=int, default=10, help="measured repetitions per method (default 10)")
     parser.add_argument("--nproc", type=int, default=1, help="ranks per host (default 1; world size 2*nproc)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up repetitions, not counted (default 1)")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for running pytest suites to end")
-    parser.add_argument("--output", default=RESULTS_PATH, help="where to write the JSON results")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, smoke={"reps": 1, "warmup": 0, "no_wait": True})
 
     waited = 0.0 if args.no_wait else wait_for_no_pytest()
     workdir = tempfile.mkdtemp(prefix="nl_hosts_bench_")
@@ -577,11 +544,8 @@ def main(argv=None) -> int:
     report["environment"].update(loadavg_at_start=loadavg_at_start, waited_for_pytest_s=round(waited, 1))
     report["total_runtime_s"] = round(time.monotonic() - started, 1)
     print_report(report)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as out:
-        json.dump(report, out, indent=2, default=str)
-    print(f"\nresults: {os.path.relpath(args.output)}   total runtime {report['total_runtime_s']:.0f} s")
-    return 0
+    print(f"\ntotal runtime {report['total_runtime_s']:.0f} s")
+    return finish(args, report, {label: value for label, value in report["derived"].items() if "_over_" in label})
 
 
 def summarize(args, samples: dict, warmups: dict) -> dict:

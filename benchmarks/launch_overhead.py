@@ -33,7 +33,6 @@ Results: a table on stdout and benchmarks/results/launch_overhead.json (raw samp
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import platform
@@ -49,9 +48,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 from common import (
-    HERE,
     Quiet,
     Watchdog,
+    arguments,
+    finish,
     fmt_ratio,
     free_port,
     kill_descendants,
@@ -59,14 +59,13 @@ from common import (
     log,
     median,
     ms,
+    parse,
     ratio,
-    write_json,
 )
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import RankFailedError, last_run, notebook_launcher
 
-RESULTS_PATH = os.path.join(HERE, "results", "launch_overhead.json")
 LAUNCH_GUARD_S = 8.0  # a no-op launch takes < 0.3 s, or ~5.1 s with a DNS stall (README); a hang is cut here
 FAILURE_GUARD_S = 8.0
 MAX_TIMEOUTS = 6  # a method that hangs this often for one N is not run again for it (bounds the runtime)
@@ -332,14 +331,14 @@ def ours_failure_phases(events, raised_at: float, caught_at: float) -> dict | No
 # --------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     global STAMP_PATH
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, "launch_overhead")
     parser.add_argument("--reps", type=int, default=20, help="measured repetitions per method (default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up repetitions, not counted (default 2)")
     parser.add_argument("--sizes", default="2,4", help="num_processes values for the launch overhead (default 2,4)")
     parser.add_argument("--failure-reps", type=int, default=None, help="failure repetitions (default: --reps)")
     parser.add_argument("--skip-accelerate", action="store_true", help="leave Accelerate out")
-    parser.add_argument("--output", default=RESULTS_PATH, help="where to write the JSON results")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, smoke={"reps": 1, "warmup": 0, "sizes": "2", "failure_reps": 1,
+                                      "skip_accelerate": True})
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
     failure_reps = args.reps if args.failure_reps is None else args.failure_reps
 
@@ -379,10 +378,8 @@ def main(argv=None) -> int:
         report["launcher_output_tail"] = log_tail
         report["launcher_output_log"] = kept_log
     print_report(report)
-    write_json(args.output, report, default=_json_default)
-    print(f"\nresults: {os.path.relpath(args.output)}   total runtime {report['total_runtime_s']:.1f} s"
-          f"   children left: {len(leftovers)}")
-    return 0
+    print(f"\ntotal runtime {report['total_runtime_s']:.1f} s   children left: {len(leftovers)}")
+    return finish(args, report, report["ratios"], default=_json_default)
 
 
 def report_has_errors(report) -> bool:

@@ -5,6 +5,7 @@ Run: ``.venv/bin/python benchmarks/logging_stages.py`` (about 20 s). Each stage 
 the frame written to a pipe), a FileHandler's whole call for comparison, and the kernel's side (decoding the
 frames into events, the run log line, the in-order buffer, the text display, the panel's state). The kernel's
 stages add up to what one line costs the launching process; ``logging_throughput.py`` measures the whole.
+The headline: our logger's whole call over the FileHandler's. ``--lines`` sets the 20,000.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import tempfile
 import time
 from timeit import repeat
 
-from common import HERE, write_json
+from common import arguments, finish, parse
 
 from notebook_launcher.display.state import RunState
 from notebook_launcher.display.text import TextDisplay
+from notebook_launcher.rank import context
 from notebook_launcher.rank import logging as nl_logging
 from notebook_launcher.schema.events import FRAME_HEADER, LOG, LOG_FRAME, MARSHAL_VERSION, EventWriter, encode_frame
 from notebook_launcher.schema.lines import EventList, expand_lines
@@ -31,12 +33,11 @@ from notebook_launcher.schema.runlog import RunLog
 from notebook_launcher.supervision.demux import LINES_READ_BYTES, RankDemux
 from notebook_launcher.supervision.ordering import InOrderRelease
 
-N = 20_000
-RESULTS = os.path.join(HERE, "results", "logging_stages.json")
+N = 20_000  # lines per stage (--lines)
 
 
-def per_line(function, lines: int = N) -> float:
-    return min(repeat(function, number=1, repeat=5)) / lines * 1e6
+def per_line(function, lines: int | None = None) -> float:
+    return min(repeat(function, number=1, repeat=5)) / (lines or N) * 1e6
 
 
 def worker_side(directory: str) -> dict:
@@ -53,7 +54,8 @@ def worker_side(directory: str) -> dict:
     saved = root.handlers[:]
     root.handlers[:] = []
     writer = EventWriter(write, 0)
-    nl_logging.install_event_logging(writer, [])
+    context.enter(context.RankContext(writer=writer))  # as a rank: its records go to the writer
+    nl_logging.install_event_logging([])
     os.environ["RANK"] = "0"
     logger = nl_logging.get_logger("bench", log_level="INFO")
     plain = logging.getLogger("bench.plain")
@@ -103,6 +105,7 @@ def worker_side(directory: str) -> dict:
     finally:
         sys.stdout = stdout
         root.handlers[:] = saved
+        context.enter(context.OUTSIDE)
         file_handler.close()
         os.close(read)
         os.close(write)
@@ -174,15 +177,22 @@ def demuxed(frames: bytes) -> list:
     return lists
 
 
-def main() -> None:
+def main(argv=None) -> int:
+    global N
+    parser = arguments(__doc__, "logging_stages")
+    parser.add_argument("--lines", type=int, default=N, help=f"lines per stage (default {N:,})")
+    args = parse(parser, argv, smoke={"lines": 500})
+    N = args.lines
     with tempfile.TemporaryDirectory() as directory:
         results = {"worker": worker_side(directory), "kernel": kernel_side(directory)}
     for side, stages in results.items():
         print(f"{side} side, µs per line")
         for name, micros in stages.items():
             print(f"  {name:58s} {micros:6.2f}")
-    write_json(RESULTS, results)
+    worker = results["worker"]
+    return finish(args, results, {"get_logger(...).info / FileHandler": worker["get_logger(...).info, whole call"]
+                                  / worker["FileHandler, whole call (same message and format)"]})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

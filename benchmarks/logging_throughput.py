@@ -27,7 +27,6 @@ and the script checks at the end that it has no child processes left.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -45,12 +44,11 @@ from collections import Counter
 
 import psutil
 import torch
-from common import HERE, KILL_WAIT_S, ROOT, Kernel, kernel_env, kill_all, log, median, table, write_json
+from common import HERE, KILL_WAIT_S, ROOT, Kernel, arguments, finish, kernel_env, kill_all, log, median, parse, table
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import get_logger, last_run, notebook_launcher
 
-RESULTS_PATH = os.path.join(HERE, "results", "logging_throughput.json")
 NUM_RANKS = 2
 WARMUP_CALLS = 200
 LAUNCH_TIMEOUT_S = 120
@@ -258,14 +256,14 @@ def aim_line(name: str, value: float, aim: float, at_most: bool) -> str:
     return f"{name:58s} {value:6.2f}x  aim {'<=' if at_most else '>='} {aim:g}x: {'met' if met else 'NOT met'}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "logging_throughput")
     parser.add_argument("--lines", type=int, default=50_000, help="lines per rank for the throughput")
     parser.add_argument("--burst", type=int, default=2_000, help="timed calls per rank for the cost per call")
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions, plain process")
     parser.add_argument("--kernel-reps", type=int, default=3, help="interleaved repetitions in the kernel")
     parser.add_argument("--skip-kernel", action="store_true", help="no jupyter kernel (3.)")
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"lines": 500, "burst": 100, "reps": 1, "kernel_reps": 1})
 
     directory = tempfile.mkdtemp(prefix="nl-logging-bench-")
     os.environ["NOTEBOOK_LAUNCHER_RUNS_DIR"] = os.path.join(directory, "runs")
@@ -335,9 +333,7 @@ def main() -> int:
           f"{options.reps} reps ({options.kernel_reps} in the kernel); total {results['total_s']:.0f} s")
     if leftovers:
         print(f"warning: had to kill leftover child processes {leftovers}")
-    write_json(RESULTS_PATH, results)
-    print(f"wrote {os.path.relpath(RESULTS_PATH, ROOT)}")
-    return 0
+    return finish(options, results, ratios)
 
 
 if __name__ == "__main__":

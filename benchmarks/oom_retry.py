@@ -6,24 +6,23 @@ Measured from the run's own events:
   process group): the time lost to the restart itself;
 - the whole run with its two retries against a run that starts at 32 directly, minus the work the failed tries
   did before failing: the time lost in total.
-Run: ``.venv/bin/python benchmarks/oom_retry.py``. Aim: ≤ 0.2 s per retry. Writes benchmarks/results/oom_retry.json.
+Run: ``.venv/bin/python benchmarks/oom_retry.py [--reps N]``. Aim: ≤ 0.2 s per retry. Writes
+benchmarks/results/oom_retry.json; the headline: the run with two retries over the run starting at 32.
 """
 
 import contextlib
 import io
-import os
 import statistics
+import sys
 import time
 
 import torch
-from common import HERE, write_json
+from common import arguments, finish, parse
 
 from notebook_launcher import find_executable_batch_size, last_run, notebook_launcher
 from notebook_launcher.rank.memory import memory_figures
 
 MB = 2**20
-REPEATS = 5
-RESULTS = os.path.join(HERE, "results", "oom_retry.json")
 
 
 def train(starting_batch_size):
@@ -68,11 +67,14 @@ def restart_gaps(run) -> tuple[list[float], float]:
     return gaps, failed_work
 
 
-def main():
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "oom_retry")
+    parser.add_argument("--reps", type=int, default=5, help="runs of each (default 5)")
+    args = parse(parser, argv, smoke={"reps": 1})
     with contextlib.redirect_stdout(io.StringIO()):
         limit = notebook_launcher(base_address_space, num_processes=2, device="cpu") + 400 * MB
     direct, with_retries, gaps, lost = [], [], [], []
-    for _ in range(REPEATS):
+    for _ in range(args.reps):
         seconds, size, _ = timed(32, limit)
         assert size == 32
         direct.append(seconds)
@@ -87,14 +89,13 @@ def main():
         "restart_gap_per_retry_s": statistics.median(gaps), "lost_per_retry_s": statistics.median(lost),
         "samples": {"direct": direct, "with_retries": with_retries, "gaps": gaps, "lost": lost},
     }
-    print(f"2 CPU ranks, rank 1 out of memory at 128 and 64, success at 32 (median of {REPEATS})")
+    print(f"2 CPU ranks, rank 1 out of memory at 128 and 64, success at 32 (median of {args.reps})")
     print(f"  run starting at 32:                      {result['direct_at_32_s']:.3f} s")
     print(f"  run starting at 128 (two retries):       {result['with_two_retries_s']:.3f} s")
     print(f"  restart per retry (report -> running):   {result['restart_gap_per_retry_s'] * 1000:.1f} ms")
     print(f"  time lost per retry beyond the work:     {result['lost_per_retry_s'] * 1000:.1f} ms  (aim <= 200 ms)")
-    write_json(RESULTS, result)
-    print(f"wrote {RESULTS}")
+    return finish(args, result, {"with two retries / direct": result["with_two_retries_s"] / result["direct_at_32_s"]})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

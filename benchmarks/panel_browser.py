@@ -18,12 +18,12 @@ of one JupyterLab server, repetitions interleaved (each repetition runs every ca
 - the saved output: the .ipynb's size minus that of the same notebook without the cell's outputs;
 - for the panel's grid (above 8 ranks): a click on a rank cell mid-run until that rank's lines are in the page.
 
-Medians and min-max of the repetitions; written to benchmarks/results/panel_browser.json.
+Medians and min-max of the repetitions; written to benchmarks/results/panel_browser.json, with the headline:
+bytes received and kernel CPU, panel / text, per rank count.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -32,13 +32,12 @@ import tempfile
 import time
 
 import nbformat
-from common import HERE, ROOT, median, table, write_json
+from common import ROOT, arguments, finish, median, parse, ratio, table
 from nbformat.v4 import new_code_cell, new_notebook
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings  # noqa: E402
+from helpers.browser import chromium, command, jupyter_lab, open_notebook, quiet_settings  # noqa: E402
 
-RESULTS_PATH = os.path.join(HERE, "results", "panel_browser.json")
 RECEIVED: list = []  # (arrival, bytes) of each websocket frame of the page open now
 REAL_MAX = 16
 WORK = '''\
@@ -151,14 +150,13 @@ def one_run(lab, ranks: int, display: str, seconds: float, recorded: str, name: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, "panel_browser")
     parser.add_argument("--ranks", default="2,16,32,64")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--code", default=ROOT, help="the checkout the kernels import (another one: a baseline; "
                         "run with PYTHONPATH naming it too, so the server serves its extension)")
-    parser.add_argument("--out", default=RESULTS_PATH)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, smoke={"ranks": "2", "seconds": 2.0, "reps": 1})
     counts = [int(value) for value in args.ranks.split(",")]
     load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,8 +199,12 @@ def main(argv=None) -> int:
     print(table(["ranks", "display", "updates/s", "bytes received", "allowed (3x lines + 10 KB/s)",
                  "kernel CPU s", "saved bytes", "click ms"], rows))
     print("load average (1, 5, 15 min) before and after each run:", [tuple(round(v, 2) for v in l) for l in load])
-    write_json(args.out, {"code": args.code, "samples": samples, "summary": summary, "load": load, "seconds": args.seconds})
-    return 0
+    medians = {(row["ranks"], row["display"]): row for row in summary}
+    headline = {f"{count} ranks: {label}, panel / text": ratio(medians[count, "panel"][key][0],
+                                                              medians[count, "text"][key][0])
+                for count in counts for label, key in (("bytes received", "bytes"), ("kernel CPU", "kernel_cpu_s"))}
+    return finish(args, {"code": args.code, "samples": samples, "summary": summary, "load": load,
+                         "seconds": args.seconds}, headline)
 
 
 if __name__ == "__main__":

@@ -44,12 +44,12 @@ Side by side in this one run:
    (``panel_browser.py``, whose docstring says how; 32 and 64 ranks are a replayed 16-rank run).
 
 Every kernel is shut down and checked gone; the script checks at the end that it has no child processes left.
-No timed assertions: the numbers are printed (a table) and written to benchmarks/results/panel_overhead.json.
+No timed assertions: the numbers are printed (a table) and written to benchmarks/results/panel_overhead.json;
+the headline: observe / show, and execute->idle panel / text per L.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -64,18 +64,19 @@ from collections import Counter
 
 import psutil
 from common import (
-    HERE,
     KILL_WAIT_S,
     ROOT,
     Kernel,
+    arguments,
+    finish,
     fmt_ratio,
     kernel_env,
     kill_all,
     log,
     median,
+    parse,
     ratio,
     table,
-    write_json,
 )
 
 import notebook_launcher as nl_pkg
@@ -85,7 +86,6 @@ from notebook_launcher.display.state import MIME_TYPE, RunState
 from notebook_launcher.display.text import TextDisplay
 from notebook_launcher.schema.events import PROGRESS, STREAM, Event
 
-RESULTS_PATH = os.path.join(HERE, "results", "panel_overhead.json")
 NUM_RANKS = 2
 REPORT_EVERY = 10
 DISPLAYS = ("panel", "text")
@@ -424,12 +424,13 @@ def bench_micro(events_per_sample: int, reps: int, bundle_reps: int) -> dict:
 # --------------------------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------------------------
-def main() -> int:
-    if "--browser" in sys.argv[1:]:  # 3. many ranks in a real JupyterLab and browser: panel_browser.py
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--browser" in argv:  # 3. many ranks in a real JupyterLab and browser: panel_browser.py
         import panel_browser
 
-        return panel_browser.main([arg for arg in sys.argv[1:] if arg != "--browser"])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        return panel_browser.main([arg for arg in argv if arg != "--browser"])
+    parser = arguments(__doc__, "panel_overhead")
     parser.add_argument("--lines", default="2000,20000", help="lines per rank, comma-separated (in the kernel)")
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions per (lines, display)")
     parser.add_argument("--micro-events", type=int, default=100_000, help="stream events per in-process sample")
@@ -440,7 +441,8 @@ def main() -> int:
     parser.add_argument("--skip-kernel", action="store_true", help="only the in-process micro-costs")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile one panel and one text launch of the largest --lines in a kernel")
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"lines": "200", "reps": 1, "quiet_s": 0, "micro_events": 2_000,
+                                         "micro_reps": 1, "bundle_reps": 1})
     lines = [int(x) for x in options.lines.split(",") if x.strip()]
 
     directory = tempfile.mkdtemp(prefix="nl-panel-bench-")
@@ -529,9 +531,10 @@ def main() -> int:
         print("warning: the kernel did not exit by itself")
     print(f"\nload average {results['machine']['load_average_start'][0]:.2f} -> "
           f"{results['machine']['load_average_end'][0]:.2f}; total {results['total_s']:.0f} s")
-    write_json(RESULTS_PATH, results)
-    print(f"wrote {os.path.relpath(RESULTS_PATH, ROOT)}")
-    return 0
+    headline = {"observe / show (in-process)": micro["observe_over_text_show"]}
+    for name, row in (kernel or {}).get("medians", {}).items():
+        headline[f"{name}: execute->idle, panel / text"] = row["ratios_panel_over_text"]["execute_to_idle_s"]
+    return finish(options, results, headline)
 
 
 if __name__ == "__main__":

@@ -16,19 +16,19 @@ the time from the call to its return, and whether every byte came back right. Tw
 
 The baseline is a git worktree of ``--baseline`` (default: the commit before the fix), removed at the end.
 Measurements of the two trees and both kinds are interleaved, ``--reps`` times; medians and the spread
-(min–max) are printed and written to ``benchmarks/results/result_transfer.json``.
+(min–max) are printed and written to ``benchmarks/results/result_transfer.json``; the headline: the kernel's
+peak, this tree over the baseline, per kind. (``--smoke`` measures this tree against itself, cpu only: no worktree.)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-from common import HERE, ROOT, median, table
+from common import ROOT, arguments, finish, median, parse, ratio, table
 
 BASELINE = "6f29b67"  # main before a result's byte views kept their storages alive
 
@@ -92,18 +92,21 @@ def measure(tree: str, gib: float, kind: str, runs_dir: str) -> dict:
             "outcome": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:80]}"}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "result_transfer")
     parser.add_argument("--baseline", default=BASELINE, help="git ref of the tree to compare with")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--gib", type=float, default=1.0, help="size of rank 0's result in GiB")
-    options = parser.parse_args()
+    parser.add_argument("--kinds", default="cpu,copied", help="kinds of result, comma-separated")
+    options = parse(parser, argv, smoke={"reps": 1, "gib": 0.01, "baseline": None, "kinds": "cpu"})
+    kinds = options.kinds.split(",")
     work = tempfile.mkdtemp(prefix="result_transfer-")
-    baseline_tree = os.path.join(work, "baseline")
-    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", baseline_tree, options.baseline],
-                   check=True, capture_output=True)
+    baseline_tree = os.path.join(work, "baseline") if options.baseline else ROOT
+    if options.baseline:
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", baseline_tree, options.baseline],
+                       check=True, capture_output=True)
     trees = {"baseline": baseline_tree, "current": ROOT}
-    samples: dict = {(tree, kind): [] for tree in trees for kind in ("cpu", "copied")}
+    samples: dict = {(tree, kind): [] for tree in trees for kind in kinds}
     try:
         for rep in range(options.reps):
             order = list(samples)
@@ -111,7 +114,8 @@ def main() -> None:
             for tree, kind in order:
                 samples[tree, kind].append(measure(trees[tree], options.gib, kind, os.path.join(work, "runs")))
     finally:
-        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", baseline_tree], capture_output=True)
+        if options.baseline:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", baseline_tree], capture_output=True)
         subprocess.run(["rm", "-rf", work])
     size = options.gib * 2**30
     rows, report = [], {"gib": options.gib, "reps": options.reps, "baseline": options.baseline,
@@ -126,10 +130,12 @@ def main() -> None:
     print(f"rank 0 returns {options.gib:g} GiB; {options.reps} runs each; median (min-max)")
     print(table(["tree / result", "kernel peak (x size)", "rank peak (x size)", "call to return (s)", "bytes back"],
                 rows))
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "result_transfer.json"), "w") as out:
-        json.dump(report, out, indent=1)
+    def kernel_peak(tree, kind):
+        return median([v["kernel_peak"] for v in samples[tree, kind] if v["kernel_peak"] is not None])
+
+    return finish(options, report, {f"{kind}: kernel peak, current / baseline": ratio(
+        kernel_peak("current", kind), kernel_peak("baseline", kind)) for kind in kinds})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,17 +10,17 @@ In a real kernel (jupyter_client, ipykernel), the panel showing, 2 ranks for ``-
 Each repetition runs both cases, in an order rotated from one repetition to the next; the table gives medians
 with the spread (min-max), the ratio displays / no displays side by side, and the bytes that reach the client
 (every IOPub output message of the cell, its content as JSON: what the browser gets), split into the rank's
-outputs and the panel's. Every kernel is shut down; the script checks it left no child process.
+outputs and the panel's. Every kernel is shut down; the script checks it left no child process. The headline:
+prints' throughput, displays / no displays (median).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
+import sys
 import tempfile
 
-from common import Kernel, fmt_ratio, kernel_env, live_descendants, median, ratio, table, write_json
+from common import Kernel, arguments, finish, fmt_ratio, kernel_env, live_descendants, median, parse, ratio, table
 
 PANEL_MIME = "application/vnd.notebook-launcher.run.v1+json"
 CELL = '''\
@@ -75,12 +75,12 @@ def spread(values, unit=""):
     return f"{median(values):,.0f}{unit} ({min(values):,.0f}-{max(values):,.0f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "rich_output_throughput")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--kb", type=int, default=100)
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"seconds": 1.0, "reps": 1, "kb": 10})
     samples = {"no displays": [], "displays": []}
     with tempfile.TemporaryDirectory(prefix="nl-rich-bench-") as directory:
         kernel = Kernel(directory, kernel_env(directory))
@@ -105,10 +105,9 @@ def main() -> None:
           f"({fmt_ratio(min(ratios))}-{fmt_ratio(max(ratios))})")
     left = live_descendants()
     print(f"kernel shut down: {closed['kernel_gone']}; processes left: {len(left)}")
-    os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), exist_ok=True)
-    write_json(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "rich_output_throughput.json"),
-               {"options": vars(options), "samples": samples, "ratios": ratios})
+    return finish(options, {"options": vars(options), "samples": samples, "ratios": ratios},
+                  {"prints/s, displays / no displays": median(ratios)})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,7 +14,7 @@ two nodes (world size 2N), device="cpu", a fresh free use_port each call, the la
            allocation, the launch and giving the job back, all in the time (split, from the display's notes, into
            call -> "granted" and "granted" -> return). --skip-outside leaves it out.
 
-The two nodes are the tests' real two-node Slurm (tests/slurm_cluster.py: munged, slurmctld, slurmd n1 and n2, both
+The two nodes are the tests' real two-node Slurm (tests/helpers/slurm_cluster.py: munged, slurmctld, slurmd n1 and n2, both
 NodeAddr 127.0.0.1), started here and stopped at the end, like the sshd. Every repetition runs each method once,
 in an order rotated from one repetition to the next (ssh, srun, outside; srun, outside, ssh; ...), so drift and
 background load hit every method alike. Printed: median, min and max of each, the ratios srun/ssh and
@@ -26,7 +26,6 @@ until no pytest runs on the machine; --no-wait skips that. Runs as root (the tes
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -40,14 +39,28 @@ import tempfile
 import time
 
 import torch
-from common import HERE, ROOT, Quiet, Watchdog, exit_with, free_port, kill_all, live_descendants, log, median, ms, ratio
+from common import (
+    ROOT,
+    Quiet,
+    Watchdog,
+    arguments,
+    exit_with,
+    finish,
+    free_port,
+    kill_all,
+    live_descendants,
+    log,
+    median,
+    ms,
+    parse,
+    ratio,
+)
 from hosts_launch import HOSTS, LocalSshd, wait_for_no_pytest
 
 import notebook_launcher as nl_pkg
 from notebook_launcher import notebook_launcher
 from notebook_launcher.display.text import TextDisplay
 
-RESULTS_PATH = os.path.join(HERE, "results", "slurm_launch.json")
 METHODS = ["ssh", "srun", "outside"]
 LABELS = {"ssh": "ssh      hosts=[127.0.0.1, 127.0.0.2] over sshd",
           "srun": "srun     inside an allocation (salloc -N2)",
@@ -197,11 +210,11 @@ class Driver:
 # Checks that nothing is left
 # --------------------------------------------------------------------------------------------------------------
 def load_slurm_cluster():
-    """tests/slurm_cluster.py (SlurmCluster, slurm_missing)."""
+    """tests/helpers/slurm_cluster.py (SlurmCluster, slurm_missing)."""
     tests = os.path.join(ROOT, "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
-    import slurm_cluster
+    from helpers import slurm_cluster
 
     return slurm_cluster
 
@@ -231,14 +244,13 @@ def processes_naming(*needles: str) -> list[str]:
 # Main
 # --------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, "slurm_launch")
     parser.add_argument("--reps", type=int, default=10, help="measured repetitions per method (default 10)")
     parser.add_argument("--nproc", type=int, default=1, help="ranks per node (default 1; world size 2*nproc)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up repetitions, not counted (default 1)")
     parser.add_argument("--skip-outside", action="store_true", help="leave out slurm_options from outside a job")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for running pytest suites to end")
-    parser.add_argument("--output", default=RESULTS_PATH, help="where to write the JSON results")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, smoke={"reps": 1, "warmup": 0, "no_wait": True})
     slurm_cluster = load_slurm_cluster()
     if (why := slurm_cluster.slurm_missing()) is not None:
         raise SystemExit(f"cannot run the test Slurm: {why}")
@@ -353,10 +365,8 @@ def main(argv=None) -> int:
     report["cleanup"] = cleanup
     report["total_runtime_s"] = round(time.monotonic() - started, 1)
     print_report(report)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as out:
-        json.dump(report, out, indent=2, default=str)
-    print(f"\nresults: {os.path.relpath(args.output)}   total runtime {report['total_runtime_s']:.0f} s")
+    print(f"\ntotal runtime {report['total_runtime_s']:.0f} s")
+    finish(args, report, {f"{name} (of medians)": value["of_medians"] for name, value in report["ratios"].items()})
     return 0 if cleanup["nothing_left"] else 1
 
 

@@ -2,7 +2,11 @@
 
 import os
 
+import pytest
+
 from notebook_launcher import last_run, notebook_launcher
+
+pytestmark = pytest.mark.processes
 
 
 def with_accelerator():

@@ -43,6 +43,7 @@ def no_process_may_start():
     ({"num_processes": 2, "rdzv_conf": "x"}, TypeError, ["rdzv_conf must be a dict"]),
     ({"num_processes": 2, "num_nodes": 2, "rdzv_backend": "etcd"}, LaunchArgumentError, ["rdzv_backend='etcd'", "c10d"]),
 ])
+@pytest.mark.processes
 def test_bad_argument_names_the_parameter(kwargs, error, words):
     with pytest.raises(error) as caught:
         notebook_launcher(noop, **kwargs)
@@ -50,17 +51,20 @@ def test_bad_argument_names_the_parameter(kwargs, error, words):
         assert word in str(caught.value)
 
 
+@pytest.mark.processes
 def test_function_must_be_callable():
     with pytest.raises(TypeError, match="function must be callable"):
         notebook_launcher("train", num_processes=2)
 
 
 @pytest.mark.parametrize("args", [5, "abc", {"lr": 1}])
+@pytest.mark.processes
 def test_args_must_be_a_tuple_or_list(args):
     with pytest.raises(TypeError, match=r"args must be a tuple or list .* args=\(value,\)"):
         notebook_launcher(noop, args=args, num_processes=2)
 
 
+@pytest.mark.processes
 def test_unpicklable_argument_under_spawn_is_named():
     def uses(lock):
         return lock
@@ -72,6 +76,7 @@ def test_unpicklable_argument_under_spawn_is_named():
     assert "start_method='fork'" in message
 
 
+@pytest.mark.processes
 def test_unpicklable_global_of_the_function_under_spawn_is_named():
     lock = threading.Lock()
 
@@ -82,6 +87,7 @@ def test_unpicklable_global_of_the_function_under_spawn_is_named():
         notebook_launcher(uses_global, num_processes=2, start_method="spawn", device="cpu")
 
 
+@pytest.mark.processes
 def test_more_gpu_ranks_than_gpus_with_fake_gpu_count(monkeypatch):
     monkeypatch.setattr(planning, "cuda_device_count", lambda: 1)
     with pytest.raises(LaunchArgumentError, match=r"num_processes=2 asks for more GPU ranks than the 1 CUDA GPU"):
@@ -99,12 +105,14 @@ def test_num_processes_none_is_one_rank_per_gpu_with_fake_gpu_count(monkeypatch)
     assert plan.num_processes == 3 and plan.backend == "nccl"
 
 
+@pytest.mark.processes
 def test_num_processes_none_on_cuda_without_a_gpu_with_fake_gpu_count_says_what_to_do(monkeypatch):
     monkeypatch.setattr(planning, "cuda_device_count", lambda: 0)
     with pytest.raises(LaunchArgumentError, match=r"num_processes=None on device='cuda' .* no CUDA GPU .*device='cpu'"):
         notebook_launcher(noop, device="cuda")
 
 
+@pytest.mark.processes
 def test_fork_refused_with_fake_cuda_already_initialized_names_the_culprit(monkeypatch):
     monkeypatch.setattr(planning, "cuda_device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -128,6 +136,7 @@ def test_auto_device_on_this_cpu_machine_is_cpu_and_keeps_cuda_uninitialized():
     assert not torch.cuda.is_initialized()
 
 
+@pytest.mark.processes
 def test_xla_without_torch_xla_says_how_to_get_it():
     with pytest.raises(LaunchArgumentError, match="device='xla' needs torch_xla"):
         notebook_launcher(noop, num_processes=2, device="xla")

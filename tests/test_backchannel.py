@@ -25,6 +25,8 @@ from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.cluster.agent_channel import AGENT_ENV_VAR, node_key
 from notebook_launcher.cluster.backchannel import Session
 
+pytestmark = pytest.mark.processes
+
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 CHALLENGE = b"NOTEBOOK-LAUNCHER-KERNEL/1 "
 

@@ -37,6 +37,7 @@ def _ddp_with_a_slow_rank(slow_rank, steps=25, delay=0.06):
     return "trained"
 
 
+@pytest.mark.processes
 def test_ddp_with_a_slower_rank_names_it_the_straggler(capsys):
     assert notebook_launcher(_ddp_with_a_slow_rank, args=(1,), num_processes=2, device="cpu",
                              display="text") == "trained"
@@ -63,6 +64,7 @@ def _all_reduce_loop(slow_rank, iterations=30, delay=0.05):
     return dist.get_rank()
 
 
+@pytest.mark.processes
 def test_a_plain_all_reduce_loop_with_rank_0_slow_on_three_ranks():
     notebook_launcher(_all_reduce_loop, args=(0,), num_processes=3, device="cpu", display="text")
     balance = last_run().balance
@@ -83,6 +85,7 @@ def _balanced_steps(iterations=20):
         report(step=step + 1, total=iterations)
 
 
+@pytest.mark.processes
 def test_a_balanced_run_has_no_straggler_and_says_nothing(capsys):
     notebook_launcher(_balanced_steps, num_processes=3, device="cpu", display="text")
     balance = last_run().balance
@@ -101,6 +104,7 @@ def _uneven_memory():
     return float(held[0])
 
 
+@pytest.mark.processes
 def test_a_rank_holding_four_times_the_memory_is_named(capsys):
     notebook_launcher(_uneven_memory, num_processes=2, device="cpu", display="text")
     balance = last_run().balance
@@ -119,6 +123,7 @@ def _long_enough_for_a_live_update():
         dist.barrier()
 
 
+@pytest.mark.processes
 def test_figures_arrive_while_the_run_goes_on(monkeypatch):
     monkeypatch.setattr(balance_meter, "INTERVAL_S", 0.3)  # the forked workers inherit it
     notebook_launcher(_long_enough_for_a_live_update, num_processes=2, device="cpu", display="text")
@@ -128,6 +133,7 @@ def test_figures_arrive_while_the_run_goes_on(monkeypatch):
         assert [data["elapsed"] for data in sent] == sorted(data["elapsed"] for data in sent)
 
 
+@pytest.mark.processes
 def test_a_run_in_the_kernel_itself_has_an_empty_balance():
     assert notebook_launcher(os.getpid, num_processes=1, device="cpu", display="text") == os.getpid()
     balance = last_run().balance
@@ -203,6 +209,7 @@ def _one_all_reduce():
     return float(value[0])
 
 
+@pytest.mark.processes
 def test_one_all_reduce_on_a_loaded_machine_prints_no_straggler(capsys):
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]  # two busy cores
     try:
@@ -234,6 +241,7 @@ def test_figures_of_any_form_from_a_pipe_never_raise(data):
     json.dumps(balance.to_json())
 
 
+@pytest.mark.processes
 def test_the_readmes_example_runs_and_prints_what_the_readme_shows(capsys):
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as readme:
         section = readme.read().split("## Why is my run not N times faster?")[1]
@@ -330,6 +338,7 @@ def _two_ddp_models(steps=12):
         second(torch.randn(4, 8)).sum().backward()  # a GAN's second model: the same step, not another
 
 
+@pytest.mark.processes
 def test_with_two_ddp_models_the_first_ones_backward_ends_each_step():
     notebook_launcher(_two_ddp_models, num_processes=2, device="cpu", display="text")
     balance = last_run().balance

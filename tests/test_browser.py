@@ -5,12 +5,9 @@ Screenshots go to tests/output/ (mid-run and final panel, sidebar, inspector).
 
 from __future__ import annotations
 
-import os
-
 import nbformat
 import pytest
-from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot
-from nbformat.v4 import new_code_cell, new_notebook
+from helpers.browser import _notebook, command, open_notebook, screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -44,23 +41,6 @@ def train(steps):
 
 notebook_launcher(train, args=(STEPS,), num_processes=2, device="cpu", debug=True)
 '''
-
-
-def _notebook(path, cells) -> None:
-    notebook = new_notebook(cells=[new_code_cell(source) for source in cells],
-                            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                     "language": "python"}})
-    nbformat.write(notebook, str(path))
-
-
-@pytest.fixture
-def lab(tmp_path, runs_dir):
-    root = tmp_path / "lab"
-    root.mkdir()
-    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
-           "JUPYTERLAB_SETTINGS_DIR": quiet_settings(tmp_path / "settings")}
-    with jupyter_lab(root, env) as url, chromium(tmp_path / "profile") as browser:
-        yield root, url, browser
 
 
 def _start_training(lab, name: str, steps: int):

@@ -14,8 +14,17 @@ import sys
 
 import nbformat
 import pytest
-from browser import OUTPUT_DIR, chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
-from cells import hang_cell
+from helpers.browser import (
+    OUTPUT_DIR,
+    chromium,
+    command,
+    jupyter_lab,
+    open_notebook,
+    quiet_settings,
+    screenshot,
+    to_docs,
+)
+from helpers.cells import hang_cell
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
@@ -98,6 +107,8 @@ def _seconds(page) -> float:
     return float(re.search(r", ([\d.]+) s", headline)[1])
 
 
+@pytest.mark.processes
+@pytest.mark.browser
 def test_the_fallback_of_a_hang_moves_its_clock_and_puts_the_hang_card_first(lab_without_extension):
     root, url, browser = lab_without_extension
     _write(root / "hang.ipynb", [HANG_CELL])
@@ -122,6 +133,8 @@ def test_the_fallback_of_a_hang_moves_its_clock_and_puts_the_hang_card_first(lab
     _docs_copy(page, "fallback-timeout.png")
 
 
+@pytest.mark.processes
+@pytest.mark.browser
 def test_the_fallback_of_a_steady_run_has_a_row_per_rank_with_its_step_and_last_line(lab_without_extension):
     root, url, browser = lab_without_extension
     _write(root / "steady.ipynb", [STEADY_CELL])
@@ -142,6 +155,9 @@ def test_the_fallback_of_a_steady_run_has_a_row_per_rank_with_its_step_and_last_
     page.wait_for_selector(f'{FALLBACK} .nl-verdict[data-verdict="finished"]', timeout=120_000)
 
 
+@pytest.mark.processes
+@pytest.mark.kernel
+@pytest.mark.browser
 def test_nbconvert_html_keeps_the_monospace_font_and_the_verdict_card_first(tmp_path, runs_dir):
     from nbclient import NotebookClient
 

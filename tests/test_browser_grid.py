@@ -17,8 +17,7 @@ import time
 
 import nbformat
 import pytest
-from browser import command, open_notebook, screenshot
-from test_browser import _notebook, lab  # noqa: F401  (the fixture)
+from helpers.browser import _notebook, command, open_notebook, screenshot
 
 from notebook_launcher.display.budget import SAVED_BYTES
 
@@ -64,6 +63,7 @@ def record_run(seconds: float, fail_rank: int) -> str:
     return run_dir
 
 
+@pytest.mark.processes
 def test_at_32_ranks_the_grid_shows_live_a_click_opens_lines_a_failure_stands_out_and_it_is_saved(lab):
     root, url, browser = lab
     run_dir = record_run(12, 13)

@@ -9,17 +9,14 @@ sampled while its cell runs, is in test_browser_panel_story.py.
 from __future__ import annotations
 
 import json
-import os
 
 import nbformat
 import pytest
-from browser import chromium, jupyter_lab, open_notebook, quiet_settings, screenshot
+from helpers.browser import open_notebook, screenshot
 from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILT = os.path.join(REPO_ROOT, "notebook_launcher", "labextension")
 
 HANG_CELL = '''\
 from notebook_launcher.display.panel import PanelDisplay
@@ -54,26 +51,6 @@ panel.show(Event(-1, 2, t0 + 41.0, HANG_NOTICE, {"state": "cleared", "quiet_s": 
                                                   "text": "progress resumed after 6 s"}))
 panel.publish()
 '''
-
-
-@pytest.fixture
-def lab(tmp_path, runs_dir):
-    """JupyterLab serving this checkout's built extension (first on its labextensions path) to a kernel that
-    imports this checkout's code."""
-    if not os.path.exists(os.path.join(BUILT, "package.json")):
-        pytest.fail("the extension is not built: cd labextension && npm run build")
-    share = tmp_path / "share" / "jupyter"
-    (share / "labextensions").mkdir(parents=True)
-    os.symlink(BUILT, share / "labextensions" / "notebook-launcher-panel")
-    root = tmp_path / "lab"
-    root.mkdir()
-    paths = [str(share), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
-    python_path = [REPO_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
-           "JUPYTERLAB_SETTINGS_DIR": quiet_settings(tmp_path / "settings"), "JUPYTER_PATH": os.pathsep.join(paths),
-           "PYTHONPATH": os.pathsep.join(python_path)}
-    with jupyter_lab(root, env) as url, chromium(tmp_path / "profile") as browser:
-        yield root, url, browser
 
 
 def _texts(page, selector: str) -> list[str]:

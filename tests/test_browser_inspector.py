@@ -13,12 +13,20 @@ import os
 
 import nbformat
 import pytest
-from browser import chromium, command, jupyter_lab, open_notebook, quiet_settings, screenshot, to_docs
-from test_browser import _notebook
+from helpers.browser import (
+    _notebook,
+    chromium,
+    command,
+    jupyter_lab,
+    open_notebook,
+    quiet_settings,
+    screenshot,
+    to_docs,
+)
 
 from notebook_launcher import get_logger, last_run, notebook_launcher
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.browser]
 
 OUTPUTS = ".jp-Notebook .jp-CodeCell .jp-OutputArea"
 INSPECT_CELL = "from notebook_launcher import inspect_run\ninspect_run({run_id!r})"

@@ -18,9 +18,8 @@ import time
 
 import nbformat
 import pytest
-from browser import OUTPUT_DIR, command, open_notebook, to_docs
+from helpers.browser import OUTPUT_DIR, command, open_notebook, to_docs
 from nbformat.v4 import new_code_cell, new_notebook
-from test_browser_hang import lab  # noqa: F401 - the fixture: JupyterLab with this checkout's extension
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,7 @@ import json
 
 import nbformat
 import pytest
-from browser import command, open_notebook, screenshot
-from test_browser import _notebook, lab  # noqa: F401  (the fixture)
+from helpers.browser import _notebook, command, open_notebook, screenshot
 
 pytestmark = pytest.mark.slow
 

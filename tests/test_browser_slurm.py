@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from browser import command, open_notebook, screenshot
-from test_browser import _notebook, lab  # noqa: F401  (the fixture)
-from test_slurm import RESERVATION, hold_the_nodes, slurm  # noqa: F401  (the fixture)
+from helpers.browser import _notebook, command, open_notebook, screenshot
+from helpers.slurm_cluster import RESERVATION, hold_the_nodes
 
 pytestmark = pytest.mark.slow
 

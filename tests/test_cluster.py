@@ -81,6 +81,7 @@ def _all_gone(pids, timeout=10) -> bool:
     return False
 
 
+@pytest.mark.processes
 def test_two_hosts_over_ssh_make_one_group_and_every_line_comes_back(local_sshd, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -97,6 +98,7 @@ def test_two_hosts_over_ssh_make_one_group_and_every_line_comes_back(local_sshd,
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
 
 
+@pytest.mark.processes
 def test_the_panel_shows_remote_ranks_with_their_host(local_sshd, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -119,6 +121,7 @@ def sum_of_ones():
     return dist.get_rank(), dist.get_world_size(), total.item(), "notebook_launcher.launchers.agent" in parent
 
 
+@pytest.mark.processes
 def test_one_process_per_host_runs_in_a_worker_whose_result_comes_back(local_sshd):
     for hosts, world_size in ((HOSTS, 2), (HOSTS[:1], 1)):
         result = notebook_launcher(sum_of_ones, num_processes=1, hosts=hosts, ssh_options=local_sshd, device="cpu",
@@ -129,6 +132,7 @@ def test_one_process_per_host_runs_in_a_worker_whose_result_comes_back(local_ssh
             range(world_size))
 
 
+@pytest.mark.processes
 def test_a_rank_killed_on_one_host_ends_the_run_on_every_host(local_sshd, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -143,6 +147,7 @@ def test_a_rank_killed_on_one_host_ends_the_run_on_every_host(local_sshd, tmp_pa
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind on a host"
 
 
+@pytest.mark.processes
 def test_an_unreachable_host_is_named_with_what_ssh_said_and_the_fix(local_sshd):
     options = [option if option != local_sshd[1] else "1" for option in local_sshd]  # port 1: nobody there
     with pytest.raises(HostFailedError) as caught:
@@ -173,6 +178,7 @@ def test_frames_not_signed_with_the_run_secret_are_refused_before_anything_is_de
         host_0.feed(AGENT_MAGIC + sign_frame(node_key(secret, 1), 1, frame))
 
 
+@pytest.mark.processes
 def test_hosts_arguments_are_checked_before_anything_starts(tmp_path):
     def work():
         return 1
@@ -213,6 +219,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.processes
 def test_an_interrupt_in_the_launching_process_stops_every_host(local_sshd, tmp_path):
     import signal
     import subprocess
@@ -239,6 +246,7 @@ def test_an_interrupt_in_the_launching_process_stops_every_host(local_sshd, tmp_
     assert _all_gone(pids), "ranks or agents left behind after the interrupt"
 
 
+@pytest.mark.processes
 def test_hosts_written_as_user_at_host_still_meet_on_an_address(local_sshd, tmp_path):
     import getpass
 
@@ -279,6 +287,7 @@ def fails_once(marker):
     return dist.get_rank()
 
 
+@pytest.mark.processes
 def test_an_out_of_memory_error_on_one_host_restarts_every_host_at_the_smaller_size(local_sshd):
     result = notebook_launcher(oom_on_the_second_host, num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
                                device="cpu", timeout=120, display="panel")
@@ -290,6 +299,7 @@ def test_an_out_of_memory_error_on_one_host_restarts_every_host_at_the_smaller_s
     assert not _agents()
 
 
+@pytest.mark.processes
 def test_max_restarts_restarts_every_host(local_sshd, tmp_path):
     marker = str(tmp_path / "failed-once")
     assert notebook_launcher(fails_once, args=(marker,), num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
@@ -300,6 +310,7 @@ def test_max_restarts_restarts_every_host(local_sshd, tmp_path):
                for event in run.events if event.kind == "restart")
 
 
+@pytest.mark.processes
 def test_a_restart_across_hosts_shows_attempt_2_in_the_panel(local_sshd, tmp_path):
     marker = str(tmp_path / "failed-once")
     notebook_launcher(fails_once, args=(marker,), num_processes=2, hosts=HOSTS, ssh_options=local_sshd,
@@ -318,6 +329,7 @@ def _mpirun_through(local_sshd) -> list[str]:
     return ["--mca", "plm_rsh_agent", agent]
 
 
+@pytest.mark.processes
 def test_mpirun_starts_the_hosts_agents_which_connect_back(local_sshd, tmp_path, monkeypatch):
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -333,6 +345,7 @@ def test_mpirun_starts_the_hosts_agents_which_connect_back(local_sshd, tmp_path,
     assert _all_gone(_pids(pid_dir)), "ranks or agents left behind"
 
 
+@pytest.mark.processes
 def test_with_mpirun_a_killed_rank_ends_the_run_on_every_host(local_sshd, tmp_path, monkeypatch):
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -358,6 +371,7 @@ def kills_its_agent():
     return dist.get_rank()
 
 
+@pytest.mark.processes
 def test_a_host_whose_agent_dies_never_reads_as_a_finished_run(local_sshd):
     with pytest.raises((HostFailedError, RankFailedError)) as caught:
         notebook_launcher(kills_its_agent, num_processes=2, hosts=HOSTS, ssh_options=local_sshd, device="cpu",
@@ -367,6 +381,7 @@ def test_a_host_whose_agent_dies_never_reads_as_a_finished_run(local_sshd):
 
 
 
+@pytest.mark.processes
 def test_a_new_way_to_start_agents_is_one_class_and_one_line(tmp_path, monkeypatch):
     from notebook_launcher.cluster.starts import AgentEnd, AgentStart
     from notebook_launcher.launchers import HostSettings, launch

@@ -51,6 +51,7 @@ def mismatched(kind):
 
 
 @pytest.mark.parametrize("kind", ["imported all_gather", "distributed_c10d.all_reduce", "partial", "_all_gather_base"])
+@pytest.mark.processes
 def test_debug_mode_checks_a_collective_however_it_was_reached(kind):
     notebook_launcher(mismatched, args=(kind,), num_processes=2, device="cpu", debug=True, display="text")
     results = last_run().results
@@ -62,6 +63,7 @@ def test_debug_mode_checks_a_collective_however_it_was_reached(kind):
         assert "- Process 0: [2]" in message and "- Process 1: [3]" in message, message
 
 
+@pytest.mark.processes
 def test_debug_mode_checks_the_coalesced_variant_on_the_list_it_reduces():
     notebook_launcher(mismatched, args=("all_reduce_coalesced",), num_processes=2, device="cpu", debug=True,
                       display="text")
@@ -86,6 +88,7 @@ def agreeing_calls():
 
 
 @pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.processes
 def test_intercepted_collectives_compute_what_torch_computes(debug):
     result = notebook_launcher(agreeing_calls, num_processes=2, device="cpu", debug=debug, display="text")
     assert result == ([6.0, 6.0, 6.0], [{"rank": 0}, {"rank": 1}], [0, 10], [[3.0, 3.0], [2.0]])
@@ -99,6 +102,7 @@ def different_imported_collectives():
         barrier()
 
 
+@pytest.mark.processes
 def test_a_hang_in_imported_collectives_is_noticed_naming_both_and_the_timeout_says_where_each_waits():
     hang_warning = 4
     with pytest.raises(LaunchTimeoutError) as raised:
@@ -116,6 +120,7 @@ def test_a_hang_in_imported_collectives_is_noticed_naming_both_and_the_timeout_s
     assert "not in any collective" not in message and "own code" not in message
 
 
+@pytest.mark.processes
 def test_accelerates_uneven_inputs_join_names_ddps_forward_and_the_barrier():
     """Accelerate's own test_distributed_data_loop.py, its join-uneven-inputs case (which hangs on CPU, with
     torchrun as well): rank 0 is in DDP's forward (its reducer's bucket rebuild, a C++ collective), rank 1 in
@@ -225,6 +230,7 @@ def busy_in_python_while_the_other_waits():
     barrier()
 
 
+@pytest.mark.processes
 def test_a_rank_busy_in_a_python_loop_is_busy_in_its_own_code_not_in_torch():
     with pytest.raises(LaunchTimeoutError) as raised:
         notebook_launcher(busy_in_python_while_the_other_waits, num_processes=2, device="cpu", hang_warning=3,

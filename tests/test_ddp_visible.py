@@ -50,6 +50,7 @@ def _train(steps=4, hook=None):
             "watched": ddp_watch.record() is not None and ddp_watch.enabled()}
 
 
+@pytest.mark.processes
 def test_ddp_numbers_are_those_of_plain_ddp(monkeypatch):
     watched = notebook_launcher(_train, num_processes=2, device="cpu", timeout=120)
     monkeypatch.setenv("NOTEBOOK_LAUNCHER_DDP_WATCH", "0")
@@ -69,6 +70,7 @@ def _train_with_a_zeroing_hook():
     return _train(steps=3, hook=_zero_gradients)
 
 
+@pytest.mark.processes
 def test_a_users_comm_hook_runs_and_its_result_is_used():
     result = notebook_launcher(_train_with_a_zeroing_hook, num_processes=2, device="cpu", timeout=120)
     assert result["hook_calls"] >= 3 * 2  # every bucket of every step went through it
@@ -89,6 +91,7 @@ def _leaves_the_loop_early():
     return "done"
 
 
+@pytest.mark.processes
 def test_a_rank_waiting_inside_ddps_backward_is_named_with_its_step_and_line():
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(_leaves_the_loop_early, num_processes=2, device="cpu", timeout=60)
@@ -114,6 +117,7 @@ def _blocked_in_backward_while_the_other_is_busy():
     model(torch.ones(2, 4)).sum().backward()
 
 
+@pytest.mark.processes
 def test_at_the_timeout_a_rank_in_ddps_backward_is_shown_waiting_there():
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(_blocked_in_backward_while_the_other_is_busy, num_processes=2, device="cpu",
@@ -150,6 +154,7 @@ def _records_while_training():
     return seen
 
 
+@pytest.mark.processes
 def test_the_record_holds_ddps_collective_step_line_and_progress():
     seen = notebook_launcher(_records_while_training, num_processes=2, device="cpu", timeout=120)
     lines = {name: _records_while_training.__code__.co_firstlineno + offset
@@ -226,6 +231,7 @@ def _uneven_inputs_under_join():
     return {"operations": operations, "weight": model.module.weight.detach().clone()}
 
 
+@pytest.mark.processes
 def test_a_rank_that_joined_early_is_in_ddp_join_while_it_shadows_the_others():
     notebook_launcher(_uneven_inputs_under_join, num_processes=2, device="cpu", timeout=120)
     results = last_run().results
@@ -250,6 +256,7 @@ def _no_sync_then_sync():
     return steps
 
 
+@pytest.mark.processes
 def test_steps_count_the_backward_passes_that_synchronize():
     assert notebook_launcher(_no_sync_then_sync, num_processes=2, device="cpu", timeout=120, debug=True) == \
         [0, 1, 1, 2]  # (debug mode on: DDP runs as usual there too)
@@ -267,6 +274,7 @@ def _leaves_the_loop_early_then_waits_at_a_barrier():
     dist.barrier()
 
 
+@pytest.mark.processes
 def test_at_the_timeout_ranks_in_ddps_backward_and_at_a_barrier_are_told_apart():
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(_leaves_the_loop_early_then_waits_at_a_barrier, num_processes=2, device="cpu",
@@ -309,6 +317,7 @@ def _steps_of_odd_training_loops():
     return nested_record, ddp_watch.record().read()
 
 
+@pytest.mark.processes
 def test_a_nested_output_and_a_gradient_penalty_leave_the_steps_right():
     nested, penalized = notebook_launcher(_steps_of_odd_training_loops, num_processes=2, device="cpu", timeout=120)
     assert nested["operation"] == "DDP gradient all_reduce" and nested["step"] == 3 and not nested["inside"]
@@ -327,6 +336,7 @@ def _fsdp_step():
     return ddp_watch.record().read()
 
 
+@pytest.mark.processes
 def test_fsdps_collectives_are_named_as_fsdps():
     record = notebook_launcher(_fsdp_step, num_processes=2, device="cpu", timeout=120)
     assert record["operation"].startswith("FSDP ") and not record["inside"]  # e.g. "FSDP reduce_scatter_single"

@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 from notebook_launcher import RankFailedError, last_run, notebook_launcher, ops
 
+pytestmark = pytest.mark.processes
+
 R = dist.ReduceOp
 REDUCE_OPS = {"SUM": R.SUM, "PRODUCT": R.PRODUCT, "MAX": R.MAX, "MIN": R.MIN, "AVG": R.AVG, "BAND": R.BAND,
               "BOR": R.BOR, "BXOR": R.BXOR}

@@ -358,6 +358,8 @@ def test_every_status_the_fixture_shows_is_one_the_python_side_names(made):
     assert run <= source_run and rank <= source_rank, (run - source_run, rank - source_rank)
 
 
+@pytest.mark.processes
+@pytest.mark.npm
 def test_the_typescript_side_rebuilds_every_state_from_the_deltas(made, tmp_path):
     npm = shutil.which("npm")
     if npm is None or not os.path.isdir(os.path.join(LABEXTENSION, "node_modules")):

@@ -57,6 +57,7 @@ def test_what_lacks_a_method_or_is_a_name_is_not_a_display():
         assert not is_display(thing)
 
 
+@pytest.mark.processes
 def test_a_display_of_ones_own_gets_every_event_of_a_real_launch():
     display = Collecting()
     assert notebook_launcher(greet, num_processes=2, device="cpu", display=display) == 0
@@ -68,6 +69,7 @@ def test_a_display_of_ones_own_gets_every_event_of_a_real_launch():
     assert any(note.startswith("2 processes on cpu (gloo)") for note in display.notes)
 
 
+@pytest.mark.processes
 def test_anything_else_is_refused_with_the_choices():
     with pytest.raises(LaunchArgumentError, match=r"display=<object .*> is not one of 'auto', 'panel', 'text'"):
         notebook_launcher(greet, num_processes=2, device="cpu", display=object())

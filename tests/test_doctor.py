@@ -31,6 +31,7 @@ def test_kernel_release_check(release, verdict):
         assert "older than 5.5" in check.found and "upgrade" in check.fix
 
 
+@pytest.mark.processes
 def test_cuda_initialized_in_the_kernel_with_a_fake_cuda_query(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setitem(sys.modules, "bitsandbytes", object())
@@ -50,6 +51,7 @@ def test_gpu_heterogeneity_with_injected_device_tables():
     assert check_gpus(None, []).verdict == OK
 
 
+@pytest.mark.processes
 def test_the_report_lists_every_check_and_the_env_report_its_fields():
     report = doctor(num_processes=2)
     names = [check.name for check in report.checks if not check.name.startswith(("Slurm", "srun"))]  # test_slurm
@@ -62,6 +64,7 @@ def test_the_report_lists_every_check_and_the_env_report_its_fields():
         assert field in text
 
 
+@pytest.mark.processes
 def test_command_line_doctor_and_env():
     completed = subprocess.run([sys.executable, "-m", "notebook_launcher", "doctor", "-n", "2"],
                                capture_output=True, text=True, timeout=120)
@@ -71,6 +74,7 @@ def test_command_line_doctor_and_env():
     assert completed.returncode == 0 and "torch:" in completed.stdout
 
 
+@pytest.mark.processes
 def test_real_mpi_sanity_run_with_a_localhost_hostfile(tmp_path):
     assert shutil.which("mpirun"), "Open MPI is missing: .ci/run installs openmpi-bin"
     hostfile = tmp_path / "hostfile"
@@ -98,6 +102,7 @@ def seeded_draws(seed):
     return [random.random(), float(torch.rand(1)), __import__("numpy").random.rand()]
 
 
+@pytest.mark.processes
 def test_set_seed_gives_identical_results_across_two_launches():
     first = notebook_launcher(seeded_draws, args=(7,), num_processes=2, device="cpu")
     second = notebook_launcher(seeded_draws, args=(7,), num_processes=2, device="cpu")
@@ -105,6 +110,7 @@ def test_set_seed_gives_identical_results_across_two_launches():
     assert notebook_launcher(seeded_draws, args=(8,), num_processes=2, device="cpu") != first
 
 
+@pytest.mark.processes
 def test_same_effective_batch_and_the_reproducibility_check(monkeypatch):
     assert same_effective_batch(32, 2, 1e-3, 4) == {"per_device_batch": 16, "learning_rate": 1e-3,
                                                     "effective_batch": 64, "exact": True}
@@ -127,6 +133,7 @@ def test_same_effective_batch_and_the_reproducibility_check(monkeypatch):
     assert check.verdict == WARNING and "effective batch size changed: 64" in check.found and "-> 32" in check.found
 
 
+@pytest.mark.processes
 def test_an_old_kernel_is_warned_about_once_at_launch(monkeypatch, capsys):
     import platform
 

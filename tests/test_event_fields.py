@@ -10,6 +10,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from notebook_launcher import RankFailedError, ResultUnavailableError, last_run, notebook_launcher
 from notebook_launcher.schema.events import DATA_SCHEMA, NUMBER, Fields, ListOf, MapOf, OneOf, encode_frame
@@ -139,6 +140,7 @@ def test_every_field_of_every_kind_of_the_wrong_shape_is_refused_by_the_kernels_
     assert refused > 600
 
 
+@pytest.mark.processes
 def test_every_field_of_every_kind_of_the_wrong_shape_fails_the_rank_clearly_or_is_harmless(capsys):
     """In real launches, text and panel: every value the tables may let through (to the attempts, the failure
     tracker, the displays, the run log), and every fourth of the ones they refuse."""
@@ -175,6 +177,7 @@ def test_every_field_of_every_kind_of_the_wrong_shape_fails_the_rank_clearly_or_
     assert time.monotonic() - started < 150, found
 
 
+@pytest.mark.processes
 def test_the_cases_found_by_hand_each_name_their_kind_and_field():
     cases = {
         ("batch_size", "'batch_size'"): {"key": "k"},
@@ -194,6 +197,7 @@ def test_the_cases_found_by_hand_each_name_their_kind_and_field():
     assert psutil.Process().children(recursive=True) == []
 
 
+@pytest.mark.processes
 def test_what_a_rank_really_sends_passes_the_tables():
     """The valid events above pass (a launch of each): the tables accept what the workers send."""
     rng = random.Random(5)

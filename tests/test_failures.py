@@ -14,6 +14,8 @@ import torch
 
 from notebook_launcher import LaunchTimeoutError, RankFailedError, last_run, notebook_launcher
 
+pytestmark = pytest.mark.processes
+
 
 def assert_all_workers_gone():
     run = last_run()

@@ -8,8 +8,10 @@ import json
 import os
 
 import pytest
-from cells import hang_cell
-from test_kernel import PANEL_MIME, _messages, running_kernel
+from helpers.cells import hang_cell
+from helpers.kernel import PANEL_MIME, _messages, running_kernel
+
+pytestmark = pytest.mark.kernel
 
 HANG_CELL = hang_cell(warm_up=2, hang_warning=3, timeout=18)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from notebook_launcher import find_executable_batch_size, get_logger, last_run, notebook_launcher, report
 from notebook_launcher.display.delta import DeltaTracker
 from notebook_launcher.display.fallback import render_html, render_text
@@ -83,6 +85,7 @@ def _pres_are_monospace(page: str) -> None:
     assert pres and all("monospace" in pre and "font-family:" in pre for pre in pres), pres
 
 
+@pytest.mark.processes
 def test_a_steady_run_has_a_row_per_rank_with_step_speed_and_warnings_and_a_balance_line(runs_dir):
     state = _state(steady, 20)
     summary = state["summary"]
@@ -105,6 +108,7 @@ def test_a_steady_run_has_a_row_per_rank_with_step_speed_and_warnings_and_a_bala
     _pres_are_monospace(page)
 
 
+@pytest.mark.processes
 def test_a_failure_is_the_verdict_and_its_traceback_is_told_once(runs_dir):
     state = _state(failing)
     assert state["summary"]["title"] == "Failed: rank 1 raised ValueError: bad batch at step 3"
@@ -116,6 +120,7 @@ def test_a_failure_is_the_verdict_and_its_traceback_is_told_once(runs_dir):
     _pres_are_monospace(page)
 
 
+@pytest.mark.processes
 def test_an_out_of_memory_retry_is_the_verdict_told_once_in_amber_not_as_a_failure(runs_dir):
     state = _state(out_of_memory_once)
     summary = state["summary"]
@@ -130,6 +135,7 @@ def test_an_out_of_memory_retry_is_the_verdict_told_once_in_amber_not_as_a_failu
     assert "#d93025" not in page  # nothing red: nothing failed
 
 
+@pytest.mark.processes
 def test_a_timed_out_hang_says_where_each_rank_waits(runs_dir):
     state = _state(skips_an_all_reduce, hang_warning=2, timeout=6)
     summary = state["summary"]
@@ -143,6 +149,7 @@ def test_a_timed_out_hang_says_where_each_rank_waits(runs_dir):
     assert [rank["status"] for rank in state["ranks"]] == ["stuck", "stuck"]
 
 
+@pytest.mark.processes
 def test_a_live_hangs_seconds_move_with_the_clock(runs_dir):
     """The events of a real hang up to its notice, played into a RunState: the verdict's seconds and each rank's
     wait move on with the clock while nothing else happens."""
@@ -163,6 +170,7 @@ def test_a_live_hangs_seconds_move_with_the_clock(runs_dir):
     assert waits and all(wait >= seconds[1] - 1 for wait in waits)
 
 
+@pytest.mark.processes
 def test_an_early_warning_stays_in_the_fallback_after_its_line_left_the_panels_window(runs_dir):
     state = _state(many_lines, 300)
     for rank in state["ranks"]:

@@ -14,6 +14,8 @@ import pytest
 
 from notebook_launcher import last_run, notebook_launcher
 
+pytestmark = pytest.mark.processes
+
 # A hang fails the test within this, with every rank's stacks in the error, rather than at pytest's timeout.
 RUN_TIMEOUT = 120
 

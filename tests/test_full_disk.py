@@ -13,9 +13,9 @@ import fcntl
 import os
 import subprocess
 
-import psutil
 import pytest
-from test_kernel import _assert_ok, _panel, _result, run_cell, running_kernel
+from helpers.kernel import _assert_ok, _panel, _result, run_cell, running_kernel
+from helpers.processes import no_children_left
 
 from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.schema.runlog import read_run_log
@@ -75,10 +75,6 @@ def fill(folder: str) -> None:
     assert refused.value.errno == errno.ENOSPC
 
 
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
-
-
 def reduces_and_returns(fill_disk_at: str = "", shut_down: str = "", lines: int = 0):
     """Three all_reduces (each writes the rank's progress record) around what the case does to the runs folder's
     disk on rank 0: fill it, or shut it down (every call an I/O error), then print ``lines`` lines."""
@@ -114,6 +110,7 @@ def assert_finished_with_one_warning(result, out: str) -> None:
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.processes
 def test_a_disk_full_before_the_launch_gives_the_result_and_one_warning(disk, start_method, capsys):
     fill(disk)
     result = notebook_launcher(reduces_and_returns, num_processes=2, device="cpu", start_method=start_method,
@@ -121,6 +118,7 @@ def test_a_disk_full_before_the_launch_gives_the_result_and_one_warning(disk, st
     assert_finished_with_one_warning(result, capsys.readouterr().out)
 
 
+@pytest.mark.processes
 def test_a_disk_that_fills_mid_run_gives_the_result_and_one_warning(disk, capsys):
     result = notebook_launcher(reduces_and_returns, args=(disk, "", 3000), num_processes=2, device="cpu",
                                display="text")
@@ -132,6 +130,7 @@ def test_a_disk_that_fills_mid_run_gives_the_result_and_one_warning(disk, capsys
 
 
 @pytest.mark.parametrize("disk", ["ext4"], indirect=True)
+@pytest.mark.processes
 def test_a_disk_failing_mid_run_with_io_errors_gives_the_result_and_one_warning(disk, capsys):
     result = notebook_launcher(reduces_and_returns, args=("", disk, 3000), num_processes=2, device="cpu",
                                display="text")
@@ -156,6 +155,8 @@ notebook_launcher(train, num_processes=2, device="cpu")
 
 
 @pytest.mark.parametrize("disk", ["tmpfs"], indirect=True)
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_in_a_kernel_a_full_runs_folder_leaves_the_kernel_alive_and_returns_the_result(disk, tmp_path):
     fill(disk)
     with running_kernel(tmp_path) as (_, kc, kernel):

@@ -40,6 +40,7 @@ def async_all_reduce_that_rank_1_skips(how: str, skipper_busy_s: float):
 
 
 @pytest.mark.parametrize("how", ["wait", "is_completed", "get_future"])
+@pytest.mark.processes
 def test_a_rank_waiting_for_an_async_all_reduce_the_other_skipped_is_stopped_as_hung(how):
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(async_all_reduce_that_rank_1_skips, args=(how, 0), num_processes=2, device="cpu",
@@ -51,6 +52,7 @@ def test_a_rank_waiting_for_an_async_all_reduce_the_other_skipped_is_stopped_as_
                      r".*test_hang_groups\.py:\d+ in async_all_reduce_that_rank_1_skips", message), message
 
 
+@pytest.mark.processes
 def test_a_wait_for_an_async_all_reduce_gets_a_notice_then_the_hang_stop():
     """Rank 1 is busy in its own code while rank 0 waits in work.wait(): a notice names the wait; once rank 1
     has returned, the hang watch stops the run (no timeout= given)."""
@@ -91,6 +93,7 @@ def main_thread_waits_while_background_threads_reduce_alone(skipper_busy_s: floa
         thread.join()
 
 
+@pytest.mark.processes
 def test_a_background_threads_collectives_do_not_hide_the_main_threads_hang():
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(main_thread_waits_while_background_threads_reduce_alone, args=(8,), num_processes=2,
@@ -119,6 +122,7 @@ def pair_all_reduce_with_rank_1_late(late_s: float):
     return int(total.item())
 
 
+@pytest.mark.processes
 def test_a_pair_group_with_a_late_rank_finishes_while_a_rank_outside_it_has_finished():
     assert notebook_launcher(pair_all_reduce_with_rank_1_late, args=(4,), num_processes=3, device="cpu",
                              display="text") == 2
@@ -127,6 +131,7 @@ def test_a_pair_group_with_a_late_rank_finishes_while_a_rank_outside_it_has_fini
     assert notices(run) == []
 
 
+@pytest.mark.processes
 def test_with_hang_warning_the_notice_of_a_pair_group_names_its_late_member_and_the_run_finishes():
     assert notebook_launcher(pair_all_reduce_with_rank_1_late, args=(8,), num_processes=3, device="cpu",
                              hang_warning=2, display="text") == 2
@@ -148,6 +153,7 @@ def pair_all_reduce_rank_1_skips():
         time.sleep(60)  # stopped with the run
 
 
+@pytest.mark.processes
 def test_a_hang_inside_a_pair_group_is_stopped_and_blames_only_the_pairs_member():
     with pytest.raises(LaunchTimeoutError) as caught:
         notebook_launcher(pair_all_reduce_rank_1_skips, num_processes=3, device="cpu", display="text")

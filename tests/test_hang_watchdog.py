@@ -45,6 +45,7 @@ def busy_then_all_reduce(seconds):
     return dist.get_rank()
 
 
+@pytest.mark.processes
 def test_a_rank_busy_in_python_while_the_other_waits_gets_a_notice_then_the_run_finishes(capsys):
     result = notebook_launcher(busy_then_all_reduce, args=(8,), num_processes=2, device="cpu", hang_warning=3,
                                display="text")
@@ -80,6 +81,7 @@ def test_a_rank_busy_in_python_while_the_other_waits_gets_a_notice_then_the_run_
     assert any(PACKAGE_DIR in line for line in stderr)
 
 
+@pytest.mark.processes
 def test_steady_steps_give_no_notice():
     def steady():
         import torch.distributed as dist
@@ -93,6 +95,7 @@ def test_steady_steps_give_no_notice():
     assert notices() == [], notices()[0]["text"]
 
 
+@pytest.mark.processes
 def test_report_steps_are_progress_too():
     def reporting():
         import torch.distributed as dist
@@ -108,6 +111,7 @@ def test_report_steps_are_progress_too():
     assert notices() == [], notices()[0]["text"]
 
 
+@pytest.mark.processes
 def test_hang_warning_none_turns_the_watchdog_off():
     notebook_launcher(busy_then_all_reduce, args=(5,), num_processes=2, device="cpu", hang_warning=None,
                       display="text")
@@ -115,11 +119,13 @@ def test_hang_warning_none_turns_the_watchdog_off():
 
 
 @pytest.mark.parametrize("value, error", [(0, LaunchArgumentError), (-1, LaunchArgumentError), ("30", TypeError)])
+@pytest.mark.processes
 def test_hang_warning_must_be_a_positive_number_or_none(value, error):
     with pytest.raises(error, match="hang_warning"):
         notebook_launcher(busy_then_all_reduce, args=(0,), num_processes=2, device="cpu", hang_warning=value)
 
 
+@pytest.mark.processes
 def test_three_ranks_the_diverging_one_is_named_and_the_timeout_still_stops_the_run():
     def one_rank_elsewhere():
         import torch.distributed as dist
@@ -145,6 +151,7 @@ def test_three_ranks_the_diverging_one_is_named_and_the_timeout_still_stops_the_
     assert_only_users_frames(message)
 
 
+@pytest.mark.processes
 def test_ddp_with_uneven_batches_a_notice_names_rank_0_in_ddp_and_rank_1_at_its_barrier():
     """The most common real hang: rank 1 has fewer batches, leaves the loop and waits at a barrier while rank 0
     is in DDP's backward (C++, where debug mode's check cannot reach). The notice names both; the run goes on
@@ -176,6 +183,7 @@ def test_ddp_with_uneven_batches_a_notice_names_rank_0_in_ddp_and_rank_1_at_its_
     assert_only_users_frames(opened["text"])
 
 
+@pytest.mark.processes
 def test_a_rank_computing_between_collectives_for_less_than_hang_warning_gets_no_notice():
     def computes_then_reduces():
         import torch.distributed as dist
@@ -215,6 +223,7 @@ CELLS = [
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_in_a_kernel_a_notice_names_the_notebook_cell_and_the_magic_takes_hang_warning(tmp_path):
     notebook = new_notebook(cells=[new_code_cell(source) for source in CELLS])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -234,6 +243,7 @@ def test_in_a_kernel_a_notice_names_the_notebook_cell_and_the_magic_takes_hang_w
     assert "<accelerate cell" not in notice
 
 
+@pytest.mark.processes
 def test_the_automatic_hang_stop_is_kept_and_its_stacks_are_the_users():
     def leaves_early():
         import torch.distributed as dist

@@ -10,8 +10,8 @@ import signal
 import stat
 import time
 
-import psutil
 import pytest
+from helpers.processes import no_children_left
 
 from notebook_launcher import LaunchArgumentError, RunNotFoundError, inspect_run, last_run, notebook_launcher
 from notebook_launcher.accelerate_config import MAX_ALIASES, MAX_CONFIG_BYTES
@@ -21,10 +21,6 @@ from notebook_launcher.schema import runfolders, runlog
 from notebook_launcher.schema.events import PROGRESS, STREAM, Event
 from notebook_launcher.schema.lines import StreamLines
 from notebook_launcher.schema.runlog import RunFileRefused, RunLog, read_run_log
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def returns_rank():
@@ -39,6 +35,7 @@ ALIAS_BOMB = "".join(['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol",
 
 
 @pytest.mark.parametrize("where", ["config_file=", "Accelerate's default file"])
+@pytest.mark.processes
 def test_a_yaml_alias_bomb_under_debug_fails_at_once_naming_the_file(where, tmp_path, monkeypatch):
     monkeypatch.delenv("ACCELERATE_DEBUG_MODE", raising=False)
     monkeypatch.delenv("ACCELERATE_CONFIG_FILE", raising=False)
@@ -62,6 +59,7 @@ def test_a_yaml_alias_bomb_under_debug_fails_at_once_naming_the_file(where, tmp_
     (b"debug: true\nother: [\n", "is not valid YAML"),
     (b"# padding\n" * (MAX_CONFIG_BYTES // 10 + 1) + b"debug: true\n", "is over 256 KB"),
 ])
+@pytest.mark.processes
 def test_a_config_file_that_is_not_a_config_is_named_with_what_is_wrong(content, says, tmp_path, monkeypatch):
     monkeypatch.delenv("ACCELERATE_DEBUG_MODE", raising=False)
     config = tmp_path / "accelerate config.yaml"
@@ -102,6 +100,7 @@ def reports_nan_and_infinity():
     return dist.get_rank()
 
 
+@pytest.mark.processes
 def test_a_run_that_recorded_nan_and_infinities_is_strict_json_and_inspectable(runs_dir):
     assert notebook_launcher(reports_nan_and_infinity, num_processes=2, device="cpu", display="text") == 0
     run = last_run()
@@ -326,6 +325,7 @@ def waits_until_its_log_is_touched(runs_root: str):
     return fresh
 
 
+@pytest.mark.processes
 def test_a_quiet_run_keeps_its_log_fresh_for_any_machines_pruning(runs_dir, monkeypatch):
     monkeypatch.setattr(runlog, "KEEPALIVE_S", 0.2)  # (60 s: the same code, sooner)
     assert notebook_launcher(waits_until_its_log_is_touched, args=(str(runs_dir),), num_processes=2,
@@ -333,6 +333,7 @@ def test_a_quiet_run_keeps_its_log_fresh_for_any_machines_pruning(runs_dir, monk
     no_children_left()
 
 
+@pytest.mark.processes
 def test_a_run_id_drawn_again_takes_a_fresh_folder_and_leaves_the_other_alone(runs_dir, monkeypatch):
     taken = runs_dir / "20000101-000000-1-aaaaaa"
     taken.mkdir(parents=True)
@@ -345,6 +346,7 @@ def test_a_run_id_drawn_again_takes_a_fresh_folder_and_leaves_the_other_alone(ru
     no_children_left()
 
 
+@pytest.mark.processes
 def test_run_ids_taken_every_time_say_so_not_that_the_folder_cannot_be_written(runs_dir, monkeypatch):
     taken = runs_dir / "20000101-000000-1-aaaaaa"
     taken.mkdir(parents=True)

@@ -15,16 +15,13 @@ import time
 import psutil
 import pytest
 import torch
+from helpers.processes import no_children_left
 
 from notebook_launcher import LaunchArgumentError, RankFailedError, ResultUnavailableError, last_run, notebook_launcher
 from notebook_launcher.schema.decoding import FrameDecoder, LineSplitter
 from notebook_launcher.schema.events import encode_frame
 from notebook_launcher.schema.results import SMALL_RESULT_BYTES, pack_result, result_sinks, unpack_result
 from notebook_launcher.schema.runlog import KEEP_RUNS, PRUNE_MIN_AGE_S, RunLog
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def returns_rank():
@@ -34,6 +31,7 @@ def returns_rank():
 
 
 # -- 2: pruning ---------------------------------------------------------------------------------------------------
+@pytest.mark.processes
 def test_pruning_keeps_the_current_run_when_fifty_folders_sort_after_now(runs_dir):
     runs_dir.mkdir(parents=True)
     old = time.time() - 2 * PRUNE_MIN_AGE_S
@@ -73,6 +71,7 @@ def test_pruning_spares_young_folders_and_runs_whose_kernel_is_alive(runs_dir):
 
 # -- 9: the run log folder ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["a file", "/proc"])
+@pytest.mark.processes
 def test_an_unusable_runs_dir_is_named_with_the_fix(where, tmp_path, monkeypatch):
     if where == "a file":
         target = tmp_path / "not-a-folder"
@@ -87,6 +86,7 @@ def test_an_unusable_runs_dir_is_named_with_the_fix(where, tmp_path, monkeypatch
 
 
 # -- 4, 5, 8: arguments checked before anything starts --------------------------------------------------------------
+@pytest.mark.processes
 def test_a_master_addr_that_does_not_resolve_is_refused_at_once():
     started = time.monotonic()
     with pytest.raises(LaunchArgumentError, match=r"master_addr: the host 'not a host' cannot be resolved"):
@@ -95,6 +95,7 @@ def test_a_master_addr_that_does_not_resolve_is_refused_at_once():
     no_children_left()
 
 
+@pytest.mark.processes
 def test_more_cpu_ranks_than_the_machine_can_hold_are_refused_with_the_number():
     cores = len(os.sched_getaffinity(0))
     with pytest.raises(LaunchArgumentError, match=rf"num_processes=10000 is more than 8 ranks per CPU core .*"
@@ -103,6 +104,7 @@ def test_more_cpu_ranks_than_the_machine_can_hold_are_refused_with_the_number():
     no_children_left()
 
 
+@pytest.mark.processes
 def test_ranks_beyond_the_open_file_limit_are_refused_with_the_fix():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (80, hard))
@@ -116,12 +118,14 @@ def test_ranks_beyond_the_open_file_limit_are_refused_with_the_fix():
 
 
 @pytest.mark.parametrize("value", [1e9, 61])
+@pytest.mark.processes
 def test_a_monitor_interval_over_a_minute_is_refused(value):
     with pytest.raises(LaunchArgumentError, match=r"monitor_interval=.* s is longer than 60 s"):
         notebook_launcher(returns_rank, num_processes=2, device="cpu", monitor_interval=value)
     no_children_left()
 
 
+@pytest.mark.processes
 def test_a_display_class_instead_of_an_instance_is_refused_before_any_worker_starts(runs_dir):
     from notebook_launcher.display import TextDisplay
 
@@ -133,6 +137,7 @@ def test_a_display_class_instead_of_an_instance_is_refused_before_any_worker_sta
 
 
 @pytest.mark.parametrize("value", [2**70, "99999999999999999999TB", "9" * 400 + "GB"])
+@pytest.mark.processes
 def test_a_memory_limit_beyond_the_machine_is_refused_naming_its_memory(value):
     with pytest.raises(LaunchArgumentError, match=r"memory_limit=.* is more than this machine's memory \([0-9.]+ "
                                                   r"GiB of RAM and swap\), so it would limit nothing: give at most"):
@@ -171,6 +176,7 @@ GARBAGE = {
 
 
 @pytest.mark.parametrize("name", list(GARBAGE))
+@pytest.mark.processes
 def test_a_corrupt_frame_fails_that_rank_clearly_and_keeps_every_line_before_it(name):
     started = time.monotonic()
     with pytest.raises(RankFailedError) as caught:
@@ -191,6 +197,7 @@ def emits_data_json_cannot_hold():
     return "fine"
 
 
+@pytest.mark.processes
 def test_an_event_whose_data_json_cannot_hold_fails_that_rank_clearly_and_the_run_log_stays_json():
     with pytest.raises(RankFailedError, match=r"CorruptEventStream: rank \d wrote bytes on its event pipe that are "
                                               r"not an event \(a 'progress' event whose data has a key that is not "
@@ -241,6 +248,7 @@ def returns_a_worker_only_class():
     return OnlyHere()
 
 
+@pytest.mark.processes
 def test_a_result_that_cannot_be_rebuilt_raises_with_the_rank_the_type_and_the_reason():
     with pytest.raises(ResultUnavailableError) as caught:
         notebook_launcher(returns_a_worker_only_class, num_processes=2, device="cpu")
@@ -262,6 +270,7 @@ def prints_long_lines():
     dist.barrier()
 
 
+@pytest.mark.processes
 def test_long_lines_arrive_whole_with_no_empty_line_after_them():
     notebook_launcher(prints_long_lines, num_processes=2, device="cpu", display="text")
     lines = last_run().output(rank=0)
@@ -301,6 +310,7 @@ def start_an_escaped_grandchild(pid_file: str, then: str):
 
 
 @pytest.mark.parametrize("then", ["returns", "raises", "killed"])
+@pytest.mark.processes
 def test_a_double_forked_setsid_grandchild_does_not_outlive_the_run(then, tmp_path):
     pid_file = str(tmp_path / "grandchild.pid")
     if then == "returns":
@@ -340,6 +350,7 @@ def _status_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
+@pytest.mark.processes
 def test_rank_0s_large_tensor_costs_the_kernel_about_its_size_once():
     size = 256 * 2**20
     peak, result = peak_rss_during(lambda: notebook_launcher(returns_big, args=(size, "rank0"), num_processes=2,
@@ -348,6 +359,7 @@ def test_rank_0s_large_tensor_costs_the_kernel_about_its_size_once():
     assert peak <= 1.5 * size, f"the kernel peaked {peak / size:.2f}x the result's size"
 
 
+@pytest.mark.processes
 def test_other_ranks_large_results_stay_behind_unless_asked_for():
     size = SMALL_RESULT_BYTES + 2**20
     notebook_launcher(returns_big, args=(size, "all"), num_processes=2, device="cpu")
@@ -375,6 +387,7 @@ def test_results_keep_views_dtypes_and_metadata():
 
 
 # -- cells named in what a rank sends: linear in its length --------------------------------------------------------
+@pytest.mark.processes
 def test_naming_cells_in_a_megabyte_of_hostile_text_takes_one_pass():
     """An exception's message is the rank's to choose: a megabyte of path characters, or of `File "`, once made the
     kernel's cell naming quadratic (minutes). In a fresh process with IPython loaded (where naming runs), with a

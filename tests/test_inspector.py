@@ -62,6 +62,7 @@ def texts(rows):
     return [row.text for row in rows]
 
 
+@pytest.mark.processes
 def test_a_run_is_found_by_run_object_id_part_of_id_path_and_by_default(launched, monkeypatch):
     monkeypatch.setenv(RUNS_DIR_ENV_VAR, os.path.dirname(launched.run_dir))
     panels = [inspect_run(launched), inspect_run(launched.run_id), inspect_run(launched.run_id[-6:]),
@@ -78,6 +79,7 @@ def test_a_run_is_found_by_run_object_id_part_of_id_path_and_by_default(launched
         panel.close()
 
 
+@pytest.mark.processes
 def test_every_line_and_record_of_each_rank_is_a_row(inspector, launched):
     for rank in (0, 1):
         stdout = [row.text for row in inspector.all_rows if row.rank == rank and row.kind == "stdout"]
@@ -92,6 +94,7 @@ def test_every_line_and_record_of_each_rank_is_a_row(inspector, launched):
     assert inspector.event(inspector.all_rows[0].line)["kind"] == "status"
 
 
+@pytest.mark.processes
 def test_rank_filter(inspector):
     assert inspector.rank_filter.value == ("all",)
     assert [option[1] for option in inspector.rank_filter.options] == ["all", 0, 1]
@@ -106,6 +109,7 @@ def test_rank_filter(inspector):
     assert inspector.rank_filter.value == (0,) and {row.rank for row in inspector.rows} == {0}
 
 
+@pytest.mark.processes
 def test_level_filter_shows_log_records_only(inspector):
     inspector.level_filter.value = 30  # WARNING
     assert sorted(texts(inspector.rows)) == sorted(
@@ -117,6 +121,7 @@ def test_level_filter_shows_log_records_only(inspector):
     assert len(inspector.rows) == 8
 
 
+@pytest.mark.processes
 def test_kind_filter(inspector):
     kinds = [option[1] for option in inspector.kind_filter.options]
     assert kinds[:4] == ["all", "stdout", "stderr", "log"] and {"exit", "status", "result"} <= set(kinds)
@@ -129,6 +134,7 @@ def test_kind_filter(inspector):
         inspector.filter(kind="nonsense")
 
 
+@pytest.mark.processes
 def test_search_is_case_insensitive_and_takes_a_regex(inspector):
     inspector.search.value = "WARNING FROM"
     assert sorted(texts(inspector.rows)) == ["chatty: Warning from rank 0", "chatty: Warning from rank 1"]
@@ -143,6 +149,7 @@ def test_search_is_case_insensitive_and_takes_a_regex(inspector):
     assert len(inspector.rows) == LINES + 1
 
 
+@pytest.mark.processes
 def test_html_is_escaped(inspector):
     inspector.search.value = "<b>x"
     assert [row.text for row in inspector.rows] == [HOSTILE, HOSTILE]
@@ -154,6 +161,7 @@ def test_html_is_escaped(inspector):
     assert "<script>" not in inspector.page_html and "&lt;script&gt;" in inspector.page_html
 
 
+@pytest.mark.processes
 def test_paging_boundaries(inspector):
     inspector.filter(kind="stdout", rank=0)  # LINES + 1 rows
     inspector.page_size = 7
@@ -187,6 +195,7 @@ def test_paging_boundaries(inspector):
     assert "no row passes the filters" in inspector.page_html
 
 
+@pytest.mark.processes
 def test_a_failed_run_shows_the_failure_and_its_traceback(monkeypatch, runs_dir):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(fails_on_rank_1, num_processes=2, device="cpu")
@@ -255,6 +264,7 @@ def training_panel(trained, monkeypatch):
     panel.close()
 
 
+@pytest.mark.processes
 def test_at_warning_only_the_warnings_and_the_error_are_shown(training_panel):
     panel = training_panel
     kinds = {row.kind for row in panel.all_rows}
@@ -272,6 +282,7 @@ def test_at_warning_only_the_warnings_and_the_error_are_shown(training_panel):
     assert len(panel.rows) == STEPS // 10 + 6 and {row.kind for row in panel.rows} == {"log"}
 
 
+@pytest.mark.processes
 def test_errors_and_warnings_in_one_click(training_panel):
     panel = training_panel
     panel.errors_button.value = True
@@ -288,6 +299,7 @@ def test_errors_and_warnings_in_one_click(training_panel):
     assert len(inspect_run(panel.run_id, level="errors and warnings").rows) == len(expected)
 
 
+@pytest.mark.processes
 def test_every_kind_is_listed_in_sight(training_panel):
     panel = training_panel
     options = [value for _, value in panel.kind_filter.options]
@@ -295,6 +307,7 @@ def test_every_kind_is_listed_in_sight(training_panel):
     assert panel.kind_filter.rows == len(options) >= 8  # the list is as tall as its entries: none scrolled away
 
 
+@pytest.mark.processes
 def test_rows_are_numbered_in_the_run(training_panel):
     panel = training_panel
     assert [row.number for row in panel.all_rows] == list(range(1, len(panel.all_rows) + 1))
@@ -313,6 +326,7 @@ def test_rows_are_numbered_in_the_run(training_panel):
     assert panel.event(first_warning.line)["data"]["message"] == first_warning.text.split(": ", 1)[1]
 
 
+@pytest.mark.processes
 def test_the_saved_summary_counts_what_each_rank_said(training_panel):
     panel = training_panel
     bundle = panel.saved_summary

@@ -16,11 +16,11 @@ import sys
 import time
 
 import pytest
-from test_kernel import PANEL_MIME, running_kernel
+from helpers.kernel import PANEL_MIME, running_kernel
 
 from notebook_launcher.display.comm import run_comm_id, unpack
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.kernel]
 
 IPYKERNEL_6 = "ipykernel==6.31.0"
 CELL = '''\

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import re
 import shutil
 import subprocess
@@ -22,12 +21,22 @@ import time
 import nbformat
 import psutil
 import pytest
+from helpers.kernel import (
+    KERNEL_NAME,
+    PANEL_MIME,
+    _assert_ok,
+    _iopub_outputs,
+    _panel,
+    _panel_lines,
+    _result,
+    _shell_reply,
+    _stream,
+    run_cell,
+    running_kernel,
+)
+from helpers.processes import _kill_leftovers
 from nbformat.v4 import new_code_cell, new_notebook
 
-KERNEL_NAME = "python3"
-PANEL_MIME = "application/vnd.notebook-launcher.run.v1+json"
-KERNEL_START_S = 60
-SHUTDOWN_S = 15
 GONE_WITHIN_S = 10
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(REPO_ROOT, "notebooks", "quickstart.ipynb")
@@ -50,105 +59,6 @@ def _wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
         time.sleep(interval)
 
 
-def _kill_leftovers(processes) -> None:
-    """Last resort for a failed test: SIGKILL what is still ours (psutil checks the PID was not reused)."""
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(list(processes), timeout=5)
-
-
-@contextlib.contextmanager
-def running_kernel(cwd, env=None):
-    """A python3 ipykernel (this interpreter) with its client; shut down and checked gone on exit."""
-    from jupyter_client import KernelManager
-
-    km = KernelManager(kernel_name=KERNEL_NAME)
-    km.start_kernel(cwd=str(cwd), env=dict(os.environ if env is None else env))
-    kernel = psutil.Process(km.provisioner.process.pid)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=KERNEL_START_S)
-        yield km, kc, kernel
-    finally:
-        descendants = []
-        with contextlib.suppress(psutil.Error):
-            descendants = kernel.children(recursive=True)
-        kc.stop_channels()
-        try:
-            km.shutdown_kernel(now=True)
-        finally:
-            _, alive = psutil.wait_procs([kernel], timeout=SHUTDOWN_S)
-            _kill_leftovers(alive + descendants)
-        assert not kernel.is_running(), "the kernel outlived its shutdown"
-
-
-def _messages(get, msg_id: str, timeout: float, waiting_for: str):
-    """The messages of one execution from one channel (``get``: the client's get_*_msg), within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            if remaining <= 0:
-                raise queue.Empty
-            msg = get(timeout=remaining)
-        except queue.Empty:
-            raise TimeoutError(f"{waiting_for} within {timeout} s") from None
-        if msg["parent_header"].get("msg_id") == msg_id:
-            yield msg
-
-
-def _shell_reply(kc, msg_id: str, timeout: float) -> dict:
-    return next(_messages(kc.get_shell_msg, msg_id, timeout, "no execute reply"))
-
-
-def _iopub_outputs(kc, msg_id: str, timeout: float) -> list[dict]:
-    """The output messages of one execution, up to the kernel going idle after it."""
-    outputs = []
-    for msg in _messages(kc.get_iopub_msg, msg_id, timeout, "the kernel did not go idle"):
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return outputs
-        if msg["msg_type"] in ("stream", "execute_result", "display_data", "update_display_data", "error"):
-            outputs.append(msg)
-
-
-def run_cell(kc, code: str, timeout: float = 60) -> tuple[dict, list[dict]]:
-    msg_id = kc.execute(code)
-    reply = _shell_reply(kc, msg_id, timeout)
-    return reply, _iopub_outputs(kc, msg_id, timeout)
-
-
-def _stream(outputs: list[dict], name: str = "stdout") -> str:
-    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
-
-
-def _panel(outputs: list[dict]) -> dict:
-    """The run panel's latest state among an execution's messages (its display, then its updates)."""
-    panels = [m["content"]["data"][PANEL_MIME] for m in outputs
-              if m["msg_type"] in ("display_data", "update_display_data") and PANEL_MIME in m["content"]["data"]]
-    assert panels, f"no run panel among {[m['msg_type'] for m in outputs]}"
-    return panels[-1]
-
-
-def _panel_lines(panel: dict, rank: int) -> list[str]:
-    return [line["text"] for line in panel["ranks"][rank]["lines"]]
-
-
-def _result(outputs: list[dict]) -> str | None:
-    for msg in outputs:
-        if msg["msg_type"] == "execute_result":
-            return msg["content"]["data"].get("text/plain")
-    return None
-
-
-def _assert_ok(reply: dict, outputs: list[dict]) -> None:
-    content = reply["content"]
-    assert content["status"] == "ok", (
-        f"{content.get('ename')}: {content.get('evalue')}\n" + "\n".join(content.get("traceback", []))
-        + "\n" + _stream(outputs) + _stream(outputs, "stderr"))
-
-
 # -- (a) output of a launch, in a notebook executed by nbclient ----------------------------------------------------
 HELLO_CELL = '''\
 import sys
@@ -168,6 +78,7 @@ notebook_launcher(hello, args=(5,), num_processes=2, start_method=START_METHOD, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("start_method,display", [("auto", "auto"), ("spawn", "auto"), ("auto", "text")])
+@pytest.mark.kernel
 def test_launch_cell_shows_every_rank_lines_and_the_return_value(tmp_path, runs_dir, start_method, display):
     from nbclient import NotebookClient
 
@@ -265,6 +176,8 @@ notebook_launcher(again, args=(7.0,), num_processes=2)
     ("all_reduce", "fork"),
     ("sleep", "spawn"),
 ])
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_interrupt_stops_every_worker_and_the_kernel_stays_usable(tmp_path, runs_dir, how, start_method):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -350,6 +263,8 @@ def _output_text(output) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_run_notebook_script_runs_the_quickstart(tmp_path):
     notebook_path = tmp_path / "quickstart.ipynb"
     shutil.copy(QUICKSTART, notebook_path)
@@ -375,6 +290,8 @@ def test_run_notebook_script_runs_the_quickstart(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_run_notebook_script_fails_on_a_failing_cell_and_still_saves(tmp_path):
     notebook = new_notebook(cells=[new_code_cell("print('before')"), new_code_cell("raise ValueError('boom')"),
                                    new_code_cell("print('never')")],
@@ -401,6 +318,7 @@ def test_quickstart_is_committed_with_cleared_outputs():
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_a_failed_launch_shows_the_users_frames_and_none_of_the_launchers(tmp_path):
     from nbclient import NotebookClient
 

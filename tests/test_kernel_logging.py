@@ -22,8 +22,11 @@ import re
 
 import psutil
 import pytest
+from helpers.kernel import KERNEL_NAME, SHUTDOWN_S
+from helpers.processes import _kill_leftovers
 from nbformat.v4 import new_code_cell, new_notebook
-from test_kernel import KERNEL_NAME, SHUTDOWN_S, _kill_leftovers
+
+pytestmark = [pytest.mark.processes, pytest.mark.kernel]
 
 CELL_TIMEOUT_S = 60
 RANKS = (0, 1, 2)

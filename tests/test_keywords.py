@@ -52,11 +52,13 @@ def test_accelerates_keywords_are_positional_in_accelerates_order_and_ours_keywo
     assert {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY} >= {"timeout", "debug", "hosts"}
 
 
+@pytest.mark.processes
 def test_a_positional_call_as_accelerate_users_write_it():
     # num_processes=1 by position: the function runs in this process, as with Accelerate's launcher
     assert notebook_launcher(lambda x: x * 2, (21,), 1) == 42
 
 
+@pytest.mark.processes
 def test_an_unknown_keyword_names_the_one_meant_before_anything_starts():
     with pytest.raises(TypeError, match=r"'num_process'.*did you mean num_processes="):
         notebook_launcher(print, num_process=2)

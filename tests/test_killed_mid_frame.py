@@ -8,9 +8,12 @@ import threading
 import time
 
 import psutil
+import pytest
 import torch
 
 from notebook_launcher import RankFailedError, last_run, notebook_launcher
+
+pytestmark = pytest.mark.processes
 
 PARTS = 48  # 1 MB tensors: the rank writes one storage after the other, so a kill can land between any two
 PART_BYTES = 1 << 20

@@ -9,12 +9,15 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import notebook_launcher
 
 LABEXTENSION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "labextension")
 NAME = "notebook-launcher-panel"
 
 
+@pytest.mark.processes
 def test_the_installed_extension_is_listed_enabled_and_ok():
     listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True,
                             text=True, timeout=120)
@@ -33,11 +36,27 @@ def test_the_installed_extension_declares_the_renderer_and_the_sidebar():
         assert json.load(install)["packageName"] == "notebook-launcher"
 
 
-def test_the_renderer_unit_tests_pass():  # Node.js and npm are there: installing from source built the extension
+def _node_modules() -> None:
+    """The extension's npm packages (Node.js and npm are there: installing from source built the extension)."""
     if not os.path.isdir(os.path.join(LABEXTENSION, "node_modules")):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=LABEXTENSION, check=True,
                        capture_output=True, timeout=600)
+
+
+@pytest.mark.processes
+@pytest.mark.npm
+def test_the_renderer_unit_tests_pass():
+    _node_modules()
     done = subprocess.run(["npm", "test", "--silent"], cwd=LABEXTENSION, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"Tests\s+\d+ passed", re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)), done.stdout
+
+
+@pytest.mark.npm
+def test_the_typescript_is_formatted_and_lint_clean():
+    """prettier and eslint as JupyterLab's extension template sets them up (``npm run lint`` fixes what it can)."""
+    _node_modules()
+    done = subprocess.run(["npm", "run", "--silent", "lint:check"], cwd=LABEXTENSION, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -10,6 +10,8 @@ import torch
 from notebook_launcher import last_run, notebook_launcher
 from notebook_launcher.schema.runlog import read_run_log
 
+pytestmark = pytest.mark.processes
+
 
 def sum_of_ranks(scale):
     import torch.distributed as dist

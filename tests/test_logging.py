@@ -7,7 +7,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import run_torchrun
+from helpers.processes import run_torchrun
 
 from notebook_launcher import RankFailedError, get_logger, last_run, notebook_launcher
 
@@ -30,6 +30,7 @@ def four_calls():
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.processes
 def test_the_four_calls_give_exactly_the_expected_lines(start_method, capsys):
     notebook_launcher(four_calls, num_processes=3, start_method=start_method, device="cpu")
     out = capsys.readouterr().out
@@ -54,6 +55,7 @@ def in_order_with_a_slow_rank_0(calls):
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.processes
 def test_in_order_records_appear_in_rank_order_every_time(start_method, capsys):
     notebook_launcher(in_order_with_a_slow_rank_0, args=(50,), num_processes=3, start_method=start_method,
                       device="cpu")
@@ -72,6 +74,7 @@ def different_levels():
     return rank
 
 
+@pytest.mark.processes
 def test_ranks_with_different_levels_neither_deadlock_nor_stall(capsys):
     started = time.monotonic()
     notebook_launcher(different_levels, num_processes=3, device="cpu", timeout=60)
@@ -84,6 +87,7 @@ def test_ranks_with_different_levels_neither_deadlock_nor_stall(capsys):
     assert done == [f"[rank {rank}] INFO levels: done" for rank in range(3)]
 
 
+@pytest.mark.processes
 def test_accelerate_log_level_set_in_the_kernel_before_the_launch_is_respected(monkeypatch, capsys):
     def log_two():
         logger = get_logger("envlevel")
@@ -107,6 +111,7 @@ def call_sites():
     logging.getLogger("stdlib").warning("stdlib logger")
 
 
+@pytest.mark.processes
 def test_records_carry_the_users_call_site():
     notebook_launcher(call_sites, num_processes=2, device="cpu")
     records = [e.data for e in last_run().events if e.kind == "log" and e.rank == 1]
@@ -118,6 +123,7 @@ def test_records_carry_the_users_call_site():
         assert record["message"].split()[0] in source_lines[record["line"] - 1]
 
 
+@pytest.mark.processes
 def test_logging_after_an_exception_and_before_a_sigkill_arrives():
     def log_then_die():
         only_our_handler()  # (the records without an exception take the shorter way, as in a notebook)
@@ -142,6 +148,7 @@ def test_logging_after_an_exception_and_before_a_sigkill_arrives():
     assert [r["message"] for r in records[2:]] == [f"last words {index}" for index in range(200)]
 
 
+@pytest.mark.processes
 def test_records_and_prints_of_a_forked_helper_and_its_rank_arrive_whole_side_by_side():
     """A DataLoader worker (a process the rank forks) shares the rank's event pipe: each of its frames is one
     atomic write, a long one cut to fit, so neither its records nor the rank's are torn or lost."""
@@ -200,6 +207,7 @@ def test_a_copied_or_pickled_logger_logs_through_its_own_logger_after_the_origin
         ("second", "from the copy"), ("first", "from the pickle"), ("first", "the original again")]
 
 
+@pytest.mark.processes
 def test_under_torchrun_the_rank_comes_from_the_environment(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
@@ -275,6 +283,7 @@ def handlers_and_filters(path):
     return shortcut
 
 
+@pytest.mark.processes
 def test_handlers_and_filters_the_user_adds_in_a_worker_are_honoured(tmp_path):
     """A record only our handler would see takes a shorter way than logging's; what the user configures applies."""
     notebook_launcher(handlers_and_filters, args=(str(tmp_path / "own.log"),), num_processes=2, device="cpu")

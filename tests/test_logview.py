@@ -151,6 +151,7 @@ def test_unknown_run(runs_dir):
         resolve_run("20000101-000000-1-abcdef")
 
 
+@pytest.mark.processes
 def test_the_model_does_not_import_ipywidgets():
     """Scripts and workers read run logs without paying for the widget library."""
     code = ("import sys, notebook_launcher.display.logview, notebook_launcher.display.logreader;"

@@ -81,6 +81,7 @@ def text(cell) -> str:
     return "".join(parts)
 
 
+@pytest.mark.kernel
 def test_a_cell_trains_on_two_ranks_and_the_notebook_uses_model_and_history(executed):
     out = text(executed["train"])
     assert "[rank 0] rank 0 done" in out and "[rank 1] rank 1 done" in out
@@ -89,18 +90,21 @@ def test_a_cell_trains_on_two_ranks_and_the_notebook_uses_model_and_history(exec
     assert "losses 5 True Linear False" in text(executed["use"])
 
 
+@pytest.mark.kernel
 def test_spawn_ships_a_notebook_function_and_a_tensor_and_return_narrows(executed):
     assert "start method spawn" in text(executed["spawn"])
     assert "back from rank 0: shipped" in text(executed["spawn"])
     assert "shipped [12.0, 12.0] False" in text(executed["shipped"])
 
 
+@pytest.mark.kernel
 def test_an_unpicklable_name_under_spawn_is_named(executed):
     out = text(executed["spawn_lock"])
     assert "the cell uses `notebook_lock` (a lock), which cannot be sent to spawned workers" in out
     assert "--start-method fork" in out
 
 
+@pytest.mark.kernel
 def test_debug_mismatch_shows_the_exception_with_the_cells_line(executed):
     out = text(executed["debug"])
     assert "DistributedOperationException: Cannot apply desired operation due to shape mismatches" in out
@@ -109,6 +113,7 @@ def test_debug_mismatch_shows_the_exception_with_the_cells_line(executed):
     assert "cell In[9], line 5, in <module>" in out  # the ops.broadcast line, as numbered in the cell
 
 
+@pytest.mark.kernel
 def test_a_failing_rank_is_reported_with_the_cells_line_number(executed):
     out = text(executed["failure"])
     assert "Rank 1 failed first: ValueError: rank 1 broke" in out
@@ -117,6 +122,7 @@ def test_a_failing_rank_is_reported_with_the_cells_line_number(executed):
     assert "notebook_launcher/magic.py" not in out.split("Other ranks:")[0].split("Rank 1 failed first")[1]
 
 
+@pytest.mark.kernel
 def test_text_prints_rank_prefixed_lines_and_no_panel(executed):
     outputs = executed["text"]["outputs"]
     assert outputs and {output["output_type"] for output in outputs} == {"stream"}
@@ -130,6 +136,7 @@ def test_text_prints_rank_prefixed_lines_and_no_panel(executed):
     assert "--text plain rank-prefixed lines ([rank 0] ...) instead of the live run panel" in help_text
 
 
+@pytest.mark.kernel
 def test_without_text_the_cell_shows_the_live_panel(executed):
     panels = [output for output in executed["train"]["outputs"]
               if output["output_type"] == "display_data" and PANEL_MIME in output["data"]]
@@ -137,12 +144,14 @@ def test_without_text_the_cell_shows_the_live_panel(executed):
     assert "[rank 0] rank 0 done" in panels[0]["data"]["text/plain"]
 
 
+@pytest.mark.kernel
 def test_without_num_processes_the_cell_runs_on_two_cpu_ranks_as_the_keyword_says(executed):
     lines = text(executed["default_count"]).splitlines()
     assert lines[0].startswith("notebook_launcher: 2 processes on cpu (gloo)")
     assert sorted(line for line in lines if "world size" in line) == ["[rank 0] world size 2", "[rank 1] world size 2"]
 
 
+@pytest.mark.kernel
 def test_help_lists_the_options(executed):
     out = text(executed["help"])
     for option in ("--num-processes", "--debug", "--mixed-precision", "--start-method", "--device", "--timeout",
@@ -150,11 +159,14 @@ def test_help_lists_the_options(executed):
         assert option in out
 
 
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_no_worker_is_left_in_the_kernel(executed):
     assert "children 0" in text(executed["children"])
     assert psutil.Process().children(recursive=True) == []
 
 
+@pytest.mark.processes
 def test_the_magic_notebook_runs_end_to_end(tmp_path, repo_root):
     import shutil
     import subprocess
@@ -168,6 +180,7 @@ def test_the_magic_notebook_runs_end_to_end(tmp_path, repo_root):
     assert "notebook_launcher: back from rank 0: " in completed.stdout and "accuracy 0." in completed.stdout
 
 
+@pytest.mark.kernel
 def test_accelerate_doctor_line_magic_shows_the_checks(executed):
     outputs = executed["doctor"]["outputs"]
     shown = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)

@@ -36,6 +36,7 @@ def worker_address_space() -> int:
     return notebook_launcher(_address_space_with_accelerate, num_processes=2, device="cpu")
 
 
+@pytest.mark.processes
 def test_one_process_under_a_cap_tries_128_64_32_and_succeeds_at_32(tmp_path):
     """In one process (as in the kernel), with an address-space cap where 4 MB x 32 fits and x 64 does not."""
     script = tmp_path / "one_process.py"
@@ -94,6 +95,7 @@ def guide_shaped_training(memory_per_sample_on_rank_1):
     return {"batch_size": inner_training_loop(), "sizes_seen": sizes_seen}
 
 
+@pytest.mark.processes
 def test_two_ranks_where_only_rank_1_runs_out_retry_together_and_finish(capsys):
     base = worker_address_space()
     result = notebook_launcher(guide_shaped_training, args=(8 * MB,), num_processes=2, device="cpu",
@@ -119,6 +121,7 @@ def test_reaching_zero_is_a_clear_error_listing_the_sizes_tried():
         never_fits()
 
 
+@pytest.mark.processes
 def test_reaching_zero_in_a_launched_run_ends_it_with_that_error():
     def never_fits():
         @find_executable_batch_size(starting_batch_size=2)
@@ -196,6 +199,7 @@ def test_free_memory_and_release_memory_drop_references():
     assert free_memory() == []
 
 
+@pytest.mark.processes
 def test_a_worker_over_its_memory_limit_gets_a_clear_error():
     def greedy():
         return torch.ones(2**30).sum()  # 4 GB
@@ -209,6 +213,7 @@ def test_a_worker_over_its_memory_limit_gets_a_clear_error():
 
 @pytest.mark.parametrize("value, error", [("3 parsecs", LaunchArgumentError), ("10MB", LaunchArgumentError),
                                           (True, TypeError), (3.5, TypeError)])
+@pytest.mark.processes
 def test_bad_memory_limit_is_named(value, error):
     with pytest.raises(error, match="memory_limit"):
         notebook_launcher(lambda: None, num_processes=2, device="cpu", memory_limit=value)

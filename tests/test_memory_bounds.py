@@ -16,7 +16,8 @@ import textwrap
 from sys import getsizeof
 
 import psutil
-from test_kernel import PANEL_MIME, _assert_ok, _panel, _stream, run_cell, running_kernel
+import pytest
+from helpers.kernel import PANEL_MIME, _assert_ok, _panel, _stream, run_cell, running_kernel
 
 from notebook_launcher import last_run, notebook_launcher, recent_runs, runs
 from notebook_launcher.display.budget import saved_size
@@ -64,6 +65,7 @@ FLOOD_KERNEL = textwrap.dedent('''\
 ''')
 
 
+@pytest.mark.processes
 def test_a_rank_writing_hundreds_of_mb_without_a_newline_leaves_the_kernel_bounded(tmp_path):
     """A fresh process is the kernel: its RSS after the run is its RSS before, plus at most the bound and the
     allocator's slack (before the bound: the whole flood, +1.1 GB after 1 GB)."""
@@ -99,6 +101,7 @@ def prints_lines(count: int, width: int):
     return dist.get_rank() + 100
 
 
+@pytest.mark.processes
 def test_output_past_the_bound_is_noted_once_and_earlier_runs_let_their_events_go(monkeypatch, capsys):
     monkeypatch.setattr(intake, "MAX_BYTES_IN_MEMORY", MB)
     monkeypatch.setattr(runs, "MAX_RECENT_BYTES", 2 * MB)
@@ -194,6 +197,8 @@ print(json.dumps({"kept": run.events.bytes, "dropped": run.events_dropped, "log"
 '''
 
 
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_big_displays_metadata_and_widget_views_stay_within_the_cell_and_the_kernels_bounds(tmp_path, runs_dir):
     """Each rank displays 30 bundles of 3.9 MB carrying a widget's view, rank 0 six with 20 MB of metadata: the
     cell's outputs stay under 20 MB, the kernel keeps at most its bound of them, the run log has them all."""

@@ -9,6 +9,8 @@ import pytest
 
 from notebook_launcher import LaunchTimeoutError, last_run, notebook_launcher
 
+pytestmark = pytest.mark.processes
+
 NODE = textwrap.dedent("""
     import sys, torch
     from notebook_launcher import notebook_launcher, last_run

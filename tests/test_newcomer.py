@@ -13,6 +13,8 @@ import time
 import urllib.request
 import zipfile
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -22,6 +24,8 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.processes
+@pytest.mark.browser
 def test_make_lab_serves_the_notebooks_folder(tmp_path):
     port = free_port()
     args = f"--no-browser --ServerApp.token= --LabApp.workspaces_dir={tmp_path}"
@@ -48,6 +52,7 @@ def test_make_lab_serves_the_notebooks_folder(tmp_path):
             lab.wait()
 
 
+@pytest.mark.processes
 def test_a_wheel_built_after_the_editable_install_ships_the_production_extension(tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), REPO],
                            capture_output=True, text=True, timeout=600)

@@ -14,7 +14,7 @@ import time
 
 import psutil
 import pytest
-from test_kernel import _assert_ok, run_cell, running_kernel
+from helpers.kernel import _assert_ok, run_cell, running_kernel
 
 from notebook_launcher import RankFailedError, notebook_launcher
 from notebook_launcher.schema.proctree import is_subreaper
@@ -124,6 +124,7 @@ def _kill_ranks_when_ready(folder, ranks: int) -> threading.Thread:
 
 
 @pytest.mark.parametrize("how", ["double fork", "new session"])
+@pytest.mark.processes
 def test_a_daemon_made_as_the_rank_returns_is_gone_after_the_run(how, tmp_path):
     with daemons_checked(tmp_path / "daemons") as folder:
         assert notebook_launcher(daemon_then, args=(str(folder), how, "returns"), num_processes=2,
@@ -131,11 +132,13 @@ def test_a_daemon_made_as_the_rank_returns_is_gone_after_the_run(how, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["double fork", "new session"])
+@pytest.mark.processes
 def test_a_daemon_made_before_the_rank_aborts_is_gone_after_the_run(how, tmp_path):
     with daemons_checked(tmp_path / "daemons") as folder, pytest.raises(RankFailedError, match="SIGABRT"):
         notebook_launcher(daemon_then, args=(str(folder), how, "aborts"), num_processes=2, device="cpu")
 
 
+@pytest.mark.processes
 def test_a_daemon_of_a_rank_killed_from_outside_is_gone_after_the_run(tmp_path):
     with daemons_checked(tmp_path / "daemons") as folder:
         killer = _kill_ranks_when_ready(folder, ranks=2)
@@ -145,12 +148,14 @@ def test_a_daemon_of_a_rank_killed_from_outside_is_gone_after_the_run(tmp_path):
         killer.join()
 
 
+@pytest.mark.processes
 def test_a_daemon_of_a_rank_the_run_stops_is_gone_after_the_run(tmp_path):
     with daemons_checked(tmp_path / "daemons") as folder, pytest.raises(RankFailedError, match="rank 0 fails"):
         notebook_launcher(daemon_then, args=(str(folder), "double fork", "stopped"), num_processes=2,
                           device="cpu")
 
 
+@pytest.mark.processes
 def test_a_daemon_of_a_spawned_rank_is_gone_after_the_run(tmp_path):
     with daemons_checked(tmp_path / "daemons") as folder, pytest.raises(RankFailedError, match="SIGABRT"):
         notebook_launcher(daemon_then, args=(str(folder), "new session", "aborts"), num_processes=2,
@@ -165,6 +170,7 @@ def new_session():
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.processes
 def test_os_setsid_works_in_a_rank(start_method):
     works, child = notebook_launcher(new_session, num_processes=2, device="cpu", start_method=start_method)
     try:
@@ -191,6 +197,8 @@ print("own alive:", own.poll() is None, own.pid)
 '''
 
 
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_in_a_kernel_the_runs_daemons_go_and_the_kernels_own_child_stays(tmp_path):
     with daemons_checked(tmp_path / "daemons") as folder, running_kernel(tmp_path) as (_, kc, kernel):
         reply, outputs = run_cell(kc, KERNEL_CELL.format(tests=os.path.dirname(__file__), folder=str(folder)),

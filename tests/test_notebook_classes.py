@@ -36,6 +36,7 @@ print("checks", isinstance(got["metrics"], Metrics), got["metrics"] == Metrics(0
 
 @pytest.mark.slow
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.kernel
 def test_a_dataclass_of_the_notebook_comes_back_as_the_notebooks_class(tmp_path, start_method):
     from nbclient import NotebookClient
 
@@ -66,6 +67,7 @@ def returns_metrics_and_a_class_made_in_the_rank():
     return {"metrics": main.Metrics(0.25, 3), "made_here": made_here(1)}
 
 
+@pytest.mark.processes
 def test_under_fork_a_class_of_the_kernels_main_comes_back_as_that_class(monkeypatch):
     monkeypatch.setattr(Metrics, "__module__", "__main__")
     monkeypatch.setattr(sys.modules["__main__"], "Metrics", Metrics, raising=False)

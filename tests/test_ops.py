@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 import torch
-from conftest import run_torchrun
+from helpers.processes import run_torchrun
 
 from notebook_launcher import (
     LaunchTimeoutError,
@@ -49,6 +49,7 @@ def every_op():
 
 @pytest.mark.parametrize("num_processes", [2, 3])
 @pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.processes
 def test_each_op_gives_the_right_values(num_processes, debug):
     notebook_launcher(every_op, num_processes=num_processes, device="cpu", debug=debug)
     n = num_processes
@@ -85,6 +86,7 @@ def mismatch(statement):
 
 @pytest.mark.parametrize("operation", list(MISMATCHES))
 @pytest.mark.parametrize("num_processes", [2, 3])
+@pytest.mark.processes
 def test_a_shape_mismatch_in_debug_mode_fails_every_rank_at_once(operation, num_processes):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(mismatch, args=(MISMATCHES[operation],), num_processes=num_processes, device="cpu",
@@ -105,6 +107,7 @@ def test_a_shape_mismatch_in_debug_mode_fails_every_rank_at_once(operation, num_
     assert "the same DistributedOperationException" in message
 
 
+@pytest.mark.processes
 def test_the_guides_broadcast_example_gives_the_exact_message(capsys):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(mismatch, args=(MISMATCHES["notebook_launcher.ops.broadcast"],), num_processes=2,
@@ -118,6 +121,7 @@ def test_the_guides_broadcast_example_gives_the_exact_message(capsys):
     assert event.data["shapes"] == [[1, 5], [1, 2, 5]] and event.data["dtypes"] == ["float32", "float32"]
 
 
+@pytest.mark.processes
 def test_accelerates_gather_inside_our_worker_is_checked():
     def accelerate_gather():
         from accelerate import Accelerator
@@ -130,6 +134,7 @@ def test_accelerates_gather_inside_our_worker_is_checked():
     assert "Cannot apply desired operation due to shape mismatches" in last_run().root_cause.message
 
 
+@pytest.mark.processes
 def test_different_operations_on_different_ranks_are_named():
     def diverge():
         import torch.distributed as dist
@@ -165,11 +170,13 @@ def debug_caught(**launch) -> bool:
 
 
 @pytest.mark.parametrize("spelling", ["1", "true", "TRUE", "yes", "on", "y", "t", "Yes"])
+@pytest.mark.processes
 def test_every_spelling_of_the_environment_variable_switches_debug_on(monkeypatch, spelling):
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", spelling)
     assert debug_caught()
 
 
+@pytest.mark.processes
 def test_debug_switches_keyword_yaml_and_overrides(monkeypatch, tmp_path):
     assert not debug_caught()
     assert debug_caught(debug=True)
@@ -190,6 +197,7 @@ def test_debug_switches_keyword_yaml_and_overrides(monkeypatch, tmp_path):
     assert not debug_caught()
 
 
+@pytest.mark.processes
 def test_debug_mode_switched_on_inside_the_worker():
     def switch_on_then_mismatch():
         os.environ["ACCELERATE_DEBUG_MODE"] = "yes"
@@ -199,6 +207,7 @@ def test_debug_mode_switched_on_inside_the_worker():
         notebook_launcher(switch_on_then_mismatch, num_processes=2, device="cpu", timeout=60)
 
 
+@pytest.mark.processes
 def test_hang_where_rank_1_leaves_the_loop_early_is_diagnosed():
     def loop():
         import torch.distributed as dist
@@ -223,6 +232,7 @@ def test_hang_where_rank_1_leaves_the_loop_early_is_diagnosed():
     assert psutil.Process().children(recursive=True) == []
 
 
+@pytest.mark.processes
 def test_hang_where_a_rank_never_reaches_the_collective_is_diagnosed_at_the_timeout():
     def stuck_elsewhere():
         import torch.distributed as dist
@@ -239,6 +249,7 @@ def test_hang_where_a_rank_never_reaches_the_collective_is_diagnosed_at_the_time
     assert "in stuck_elsewhere" in message  # rank 1's stack shows where it is
 
 
+@pytest.mark.processes
 def test_trigger_stops_every_rank_at_the_same_step(capsys):
     def train():
         import torch.distributed as dist
@@ -266,6 +277,7 @@ def test_ops_and_trigger_outside_a_launch_are_single_process():
     assert check_trigger() is True and check_trigger() is False
 
 
+@pytest.mark.processes
 def test_ops_work_under_torchrun(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
@@ -309,6 +321,7 @@ def raw_collectives():
 
 
 @pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.processes
 def test_raw_collectives_give_the_same_values_with_and_without_debug_mode(debug):
     notebook_launcher(raw_collectives, num_processes=3, device="cpu", debug=debug)
     for result in last_run().results.values():
@@ -337,6 +350,7 @@ def legal_but_uneven_calls():
     return tensor.tolist(), leaf.tolist(), small.tolist()
 
 
+@pytest.mark.processes
 def test_legal_calls_that_differ_between_ranks_still_work_in_debug_mode():
     notebook_launcher(legal_but_uneven_calls, num_processes=3, device="cpu", debug=True, timeout=60)
     results = last_run().results
@@ -351,12 +365,14 @@ def test_legal_calls_that_differ_between_ranks_still_work_in_debug_mode():
      "Operation: `torch.distributed.broadcast_object_list`"),
     ("ops.broadcast(torch.ones(2), from_process=rank)", "Operation: `notebook_launcher.ops.broadcast`"),
 ])
+@pytest.mark.processes
 def test_disagreements_beyond_shapes_are_caught(statement, words):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(mismatch, args=(statement,), num_processes=2, device="cpu", debug=True, timeout=60)
     assert "DistributedOperationException" in str(caught.value) and words in str(caught.value)
 
 
+@pytest.mark.processes
 def test_a_long_run_reaching_its_timeout_is_not_called_a_divergence():
     def busy():
         import torch.distributed as dist
@@ -409,6 +425,7 @@ def carried_in_every_form():
     return {name: value.tolist() for name, value in results.items()}
 
 
+@pytest.mark.processes
 def test_small_tensors_that_travel_with_the_check_come_back_exactly_as_without_it():
     notebook_launcher(carried_in_every_form, num_processes=2, device="cpu", debug=False)
     expected = last_run().results

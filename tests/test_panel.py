@@ -110,6 +110,7 @@ def leaves_early():
 
 
 # -- tests -----------------------------------------------------------------------------------------------------------
+@pytest.mark.processes
 def test_panel_has_every_rank_lines_in_order_and_its_fallbacks_escape_user_text(capsys):
     assert launch(chatty, 5) == 0
     state = last_run().panel_state
@@ -138,6 +139,7 @@ def test_panel_has_every_rank_lines_in_order_and_its_fallbacks_escape_user_text(
     assert plain in capsys.readouterr().out  # display="panel" outside Jupyter prints the final state once
 
 
+@pytest.mark.processes
 def test_each_rank_keeps_its_newest_lines_and_says_how_many_are_only_in_the_run_log():
     launch(chatty, 450)
     state = last_run().panel_state
@@ -152,6 +154,7 @@ def test_each_rank_keeps_its_newest_lines_and_says_how_many_are_only_in_the_run_
     assert len(json.dumps(state)) < 100_000  # bounded, however much the ranks print
 
 
+@pytest.mark.processes
 def test_report_gives_each_rank_a_progress_bar_and_a_step_time_history_where_the_straggler_shows():
     assert launch(reporting, 20) == "done"
     state = last_run().panel_state
@@ -173,6 +176,7 @@ def test_report_rejects_what_cannot_be_charted():
     report(step=3, total=10, loss=0.5)  # outside a launch: checked, then nothing
 
 
+@pytest.mark.processes
 def test_a_tqdm_bar_in_a_worker_becomes_its_progress_not_a_flood_of_lines():
     launch(tqdm_loop)
     state = last_run().panel_state
@@ -184,6 +188,7 @@ def test_a_tqdm_bar_in_a_worker_becomes_its_progress_not_a_flood_of_lines():
     assert all("\r" not in line for line in last_run().output())
 
 
+@pytest.mark.processes
 def test_shape_mismatch_card_oom_retry_row_and_trigger_are_in_the_panel():
     assert launch(mismatch_then_oom_then_finish, debug=True) == 32
     state = last_run().panel_state
@@ -207,6 +212,7 @@ def test_shape_mismatch_card_oom_retry_row_and_trigger_are_in_the_panel():
     assert plain.count("out of memory on rank 1 at batch size 64: retried at 32") == 1  # told once
 
 
+@pytest.mark.processes
 def test_a_failed_run_shows_the_root_cause_traceback_first():
     with pytest.raises(RankFailedError) as caught:
         launch(fails_on_rank_1)
@@ -225,6 +231,7 @@ def test_a_failed_run_shows_the_root_cause_traceback_first():
     assert page.index("bad value on rank 1") < page.index("[rank 1] failed: ValueError")
 
 
+@pytest.mark.processes
 def test_a_hang_marks_the_waiting_rank_stuck_and_carries_its_stack():
     with pytest.raises(LaunchTimeoutError):
         launch(leaves_early)
@@ -234,6 +241,7 @@ def test_a_hang_marks_the_waiting_rank_stuck_and_carries_its_stack():
     assert "leaves_early" in state["failure"]["stacks"]["0"]
 
 
+@pytest.mark.processes
 def test_display_argument_is_checked_before_anything_starts():
     with pytest.raises(LaunchArgumentError, match=r"display='html' is not one of 'auto', 'panel', 'text'"):
         notebook_launcher(chatty, args=(1,), num_processes=2, display="html")

@@ -10,13 +10,13 @@ import queue
 import time
 
 import pytest
-from test_kernel import PANEL_MIME, running_kernel
+from helpers.kernel import PANEL_MIME, running_kernel
 
 from notebook_launcher.display.comm import unpack
 from notebook_launcher.display.delta import apply_delta
 from notebook_launcher.display.panel import REFRESH_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernel]
 
 RANKS = 16
 CELL = f'''\

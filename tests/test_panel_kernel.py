@@ -10,8 +10,8 @@ import sys
 
 import nbformat
 import pytest
+from helpers.kernel import KERNEL_NAME, PANEL_MIME, _assert_ok, _messages, _shell_reply, running_kernel
 from nbformat.v4 import new_code_cell, new_notebook
-from test_kernel import KERNEL_NAME, PANEL_MIME, _assert_ok, _messages, _shell_reply, running_kernel
 
 SLOW_CELL = '''\
 import time
@@ -30,6 +30,7 @@ notebook_launcher(slow, args=(25,), num_processes=2)
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_the_panel_is_one_output_updated_live_and_throttled(tmp_path, runs_dir):
     env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir)}
     with running_kernel(tmp_path, env) as (km, kc, kernel):
@@ -59,6 +60,8 @@ def test_the_panel_is_one_output_updated_live_and_throttled(tmp_path, runs_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.kernel
 def test_the_saved_notebook_keeps_the_final_panel_and_nbconvert_shows_its_text(tmp_path, runs_dir):
     from nbclient import NotebookClient
 
@@ -87,6 +90,7 @@ def test_the_saved_notebook_keeps_the_final_panel_and_nbconvert_shows_its_text(t
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_the_run_panel_notebook_runs_end_to_end(tmp_path):
     from nbclient import NotebookClient
 

@@ -58,6 +58,7 @@ def _count(text: str, state: dict) -> int:
     return json.dumps(state).count(json.dumps(text)[1:-1])
 
 
+@pytest.mark.processes
 def test_a_timed_out_runs_final_state_carries_each_stack_once():
     with pytest.raises(LaunchTimeoutError) as caught:
         launch(one_waits_one_sleeps, timeout=10, hang_warning=2)
@@ -77,6 +78,7 @@ def test_a_timed_out_runs_final_state_carries_each_stack_once():
     assert all(not notice["stacks"] and "Python stacks" not in notice["text"] for notice in state["hangs"])
 
 
+@pytest.mark.processes
 def test_every_running_state_names_every_rank_that_has_reported_its_balance(monkeypatch):
     monkeypatch.setattr(balance_meter, "INTERVAL_S", 0.3)  # the forked workers inherit it
     assert launch(steady, 60) == "done"
@@ -93,6 +95,7 @@ def test_every_running_state_names_every_rank_that_has_reported_its_balance(monk
     assert both_named > 0
 
 
+@pytest.mark.processes
 def test_an_out_of_memory_retry_is_a_retry_in_the_columns_with_a_divider_per_attempt():
     assert launch(runs_out_of_memory_on_rank_1) == 32
     state = last_run().panel_state
@@ -106,6 +109,7 @@ def test_an_out_of_memory_retry_is_a_retry_in_the_columns_with_a_divider_per_att
             "attempt 2 at batch size 32"]
 
 
+@pytest.mark.kernel
 def test_the_error_below_the_panel_names_cells_as_ipython_does_without_ipythons_own_frames():
     """A real kernel: the error output of a failed launch (``_render_traceback_``) names the cell the rank's
     function came from ``cell In[1], line N``, never ``/tmp/ipykernel_...``, and leaves out IPython's frames."""

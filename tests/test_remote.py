@@ -19,6 +19,7 @@ def work():
     return 1
 
 
+@pytest.mark.processes
 def test_a_host_that_is_an_ssh_option_is_refused_and_runs_nothing(tmp_path):
     pwned = tmp_path / "pwned"
     option = f"-oProxyCommand=touch {pwned}"
@@ -40,6 +41,7 @@ def test_a_host_that_is_an_ssh_option_is_refused_and_runs_nothing(tmp_path):
     assert not pwned.exists()
 
 
+@pytest.mark.processes
 def test_ssh_reads_the_host_as_a_host_even_if_it_looks_like_an_option(tmp_path):
     pwned = tmp_path / "pwned"
     command = ssh_command(f"-oProxyCommand=touch {pwned}", ["-o", "ConnectTimeout=1"], ["true"])
@@ -70,6 +72,7 @@ def test_the_host_forms_users_write_are_accepted(tmp_path):
     assert read_hostfile(str(hostfile)) == ["node-a", "node-b", "::1", "fe80::2", "alice@node-c"]
 
 
+@pytest.mark.processes
 def test_a_binary_hostfile_is_a_launch_argument_error(tmp_path):
     hostfile = tmp_path / "hosts.bin"
     hostfile.write_bytes(b"node-a\n\x7fELF\x02\x01\x01\x00\xff\xfe\x00\n")

@@ -37,6 +37,7 @@ def sends_a_short_storage():
     return 1
 
 
+@pytest.mark.processes
 def test_a_storage_smaller_than_its_tensor_is_refused_in_a_launch():
     with pytest.raises(ResultUnavailableError) as caught:
         notebook_launcher(sends_a_short_storage, num_processes=2, device="cpu")
@@ -100,6 +101,7 @@ def announces_a_large_result_then_dies():
     dist.barrier()
 
 
+@pytest.mark.processes
 def test_a_rank_that_announces_4_gib_and_dies_before_sending_them_costs_the_kernel_nothing():
     largest = [0]
     watching = [True]
@@ -141,6 +143,7 @@ def returns_three():
 
 
 @pytest.mark.parametrize("what", ["KeyboardInterrupt", "SystemExit"])
+@pytest.mark.processes
 def test_an_unpickling_that_raises_keyboardinterrupt_or_systemexit_is_a_result_unavailable(what):
     with pytest.raises(ResultUnavailableError) as caught:
         notebook_launcher(returns_an_object_whose_unpickling_raises, args=(what,), num_processes=2, device="cpu")
@@ -158,6 +161,7 @@ def returns_parameters():
             "state": model.state_dict()}
 
 
+@pytest.mark.processes
 def test_parameters_come_back_as_parameters_with_their_requires_grad():
     got = notebook_launcher(returns_parameters, num_processes=2, device="cpu")
     assert type(got["weight"]) is torch.nn.Parameter and got["weight"].requires_grad

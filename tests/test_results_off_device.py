@@ -6,6 +6,7 @@ On this machine a CPU tensor's ``.cpu()`` is the tensor itself, so ``CopiedByCpu
 The same path with real XLA tensors runs in ``make test-xla``; with CUDA state_dicts in ``tests/gpu/``.
 """
 
+import pytest
 import torch
 
 from notebook_launcher import last_run, notebook_launcher
@@ -52,6 +53,7 @@ def test_a_packed_result_owns_the_bytes_of_a_temporary_tensor():
     assert len(filler) == 16
 
 
+@pytest.mark.processes
 def test_results_copied_off_the_device_arrive_bit_exact_from_every_rank():
     for start_method in ("fork", "spawn"):
         state = notebook_launcher(returns_copied_state_dict, num_processes=2, device="cpu", results="all",

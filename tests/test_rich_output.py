@@ -13,72 +13,21 @@ import contextlib
 import json
 import os
 
-import psutil
 import pytest
-from test_kernel import (
+from helpers.kernel import (
     KERNEL_NAME,
-    KERNEL_START_S,
-    PANEL_MIME,
-    SHUTDOWN_S,
     _assert_ok,
-    _kill_leftovers,
+    _env,
     _panel,
     _panel_lines,
+    _rank_outputs,
+    kernel_with_log,
     run_cell,
 )
 
 from notebook_launcher.display.rich import MAX_CELL_BYTES, MAX_OUTPUTS, RankOutputs
 from notebook_launcher.rank import rich_output
 from notebook_launcher.schema.events import DISPLAY, Event
-
-
-@contextlib.contextmanager
-def kernel_with_log(tmp_path, env):
-    """A python3 ipykernel whose own stdout/stderr (where ipykernel logs a send from a fork) go to a file."""
-    from jupyter_client import KernelManager
-
-    log_path = tmp_path / "kernel.log"
-    log = open(log_path, "w")
-    km = KernelManager(kernel_name=KERNEL_NAME)
-    km.start_kernel(cwd=str(tmp_path), env=env, stdout=log, stderr=log)
-    kernel = psutil.Process(km.provisioner.process.pid)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=KERNEL_START_S)
-        yield kc, log_path
-    finally:
-        descendants = []
-        with contextlib.suppress(psutil.Error):
-            descendants = kernel.children(recursive=True)
-        kc.stop_channels()
-        try:
-            km.shutdown_kernel(now=True)
-        finally:
-            _, alive = psutil.wait_procs([kernel], timeout=SHUTDOWN_S)
-            _kill_leftovers(alive + descendants)
-            log.close()
-        assert not kernel.is_running()
-
-
-def _env(runs_dir) -> dict:
-    return {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(runs_dir)}
-
-
-def _rank_outputs(outputs):
-    """The cell's outputs other than the panel: [(display_id, [bundle, update, ...])] in order."""
-    shown: dict[str, list] = {}
-    for msg in outputs:
-        content = msg["content"]
-        if msg["msg_type"] not in ("display_data", "update_display_data") or PANEL_MIME in content["data"]:
-            continue
-        display_id = content.get("transient", {}).get("display_id")
-        if msg["msg_type"] == "display_data":
-            shown[display_id] = [content["data"]]
-        else:
-            shown[display_id].append(content["data"])
-    return list(shown.items())
-
 
 DISPLAYS_CELL = '''\
 %matplotlib inline
@@ -104,6 +53,7 @@ notebook_launcher(show_things, num_processes=2, start_method="METHOD")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.kernel
 def test_a_ranks_display_figure_and_updates_reach_the_cell(tmp_path, runs_dir, method):
     pytest.importorskip("matplotlib")
     with kernel_with_log(tmp_path, _env(runs_dir)) as (kc, log_path):
@@ -151,6 +101,7 @@ notebook_launcher(redraw_and_progress, num_processes=2)
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_clear_output_tqdm_auto_and_a_widget_in_a_rank(tmp_path, runs_dir):
     with kernel_with_log(tmp_path, _env(runs_dir)) as (kc, log_path):
         reply, outputs = run_cell(kc, CLEAR_TQDM_WIDGET_CELL, timeout=180)
@@ -265,6 +216,7 @@ steps = notebook_launcher(train, args=("trainer",), num_processes=2, device="cpu
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_trainers_notebook_callback_shows_its_loss_table_in_the_cell(tmp_path, runs_dir):
     """Trainer in a notebook picks NotebookProgressCallback (a display, then updates of its display id): its
     progress bar and "Training Loss" table are one output of the cell, updated to the last step, and saved."""

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from slurm_cluster import slurm_missing
+from helpers.slurm_cluster import RESERVATION, hold_the_nodes, slurm_missing
 
 from notebook_launcher import notebook_launcher
 from notebook_launcher.display import TextDisplay
@@ -26,7 +26,6 @@ from notebook_launcher.runs import last_run
 pytestmark = pytest.mark.slow
 DRIVER = os.path.join(os.path.dirname(__file__), "slurm_driver.py")
 CHECKOUT = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # this checkout's package
-RESERVATION = "nl-test-hold"
 
 
 def where_am_i():
@@ -51,56 +50,6 @@ def fails_on_node_2():
 def sleeps():
     print(f"sleeping on {os.environ.get('SLURMD_NODENAME')}", flush=True)
     time.sleep(300)
-
-
-@pytest.fixture
-def slurm(slurm_cluster, monkeypatch):
-    """The cluster, with this process outside any allocation, and afterwards a check that nothing is left:
-    squeue empty, no process of ours (an agent, a rank, salloc, srun) alive."""
-    for name in [name for name in os.environ if name.startswith(("SLURM_", "SALLOC_", "SRUN_"))]:
-        if name != "SLURM_CONF":
-            monkeypatch.delenv(name)
-    yield slurm_cluster
-    try:
-        assert slurm_cluster.wait_no_jobs(60) == [], "a Slurm job of the test was left in squeue"
-        assert _left_behind(slurm_cluster) == [], "processes of the launch were left behind"
-    finally:
-        slurm_cluster.run(["scontrol", "delete", f"ReservationName={RESERVATION}"])
-        slurm_cluster.cancel_all()
-
-
-def _left_behind(cluster, wait_s: float = 30) -> list[str]:
-    """Processes (other than the daemons and this test) whose environment names the test cluster's config."""
-    daemons = {process.pid for process in cluster.processes.values()}
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            if int(pid) in daemons or int(pid) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as file:
-                    if cluster.conf.encode() not in file.read():
-                        continue
-                with open(f"/proc/{pid}/cmdline", "rb") as file:
-                    command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                with open(f"/proc/{pid}/stat") as file:
-                    if file.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue  # a zombie its parent is about to reap
-            except OSError:
-                continue
-            if command and "slurmstepd" not in command and "slurmscriptd" not in command:
-                found.append(f"{pid} {command}")
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.5)
-
-
-def hold_the_nodes(cluster) -> None:
-    """A maintenance reservation over both nodes: a job asking for them pends (ReqNodeNotAvail)."""
-    done = cluster.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "Nodes=ALL",
-                        "StartTime=now", "Duration=30", "Users=nobody", "Flags=maint,ignore_jobs"])
-    assert done.returncode == 0, done.stderr
 
 
 def test_the_test_cluster_runs_a_step_on_each_node(slurm):
@@ -138,6 +87,7 @@ def test_inside_a_step_of_the_job_as_under_batchspawner(slurm):
     assert result["ranks"] == {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
 
 
+@pytest.mark.processes
 def test_from_outside_slurm_options_ask_for_the_allocation_and_give_it_back(slurm, capsys):
     result = notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
                                results="all", display="text", timeout=240)
@@ -163,6 +113,7 @@ class _ReleasingPanel(PanelDisplay):
             self.cluster.run(["scontrol", "delete", f"ReservationName={RESERVATION}"])
 
 
+@pytest.mark.processes
 def test_the_panel_shows_the_job_pending_with_its_reason_then_the_run(slurm):
     hold_the_nodes(slurm)
     panel = _ReleasingPanel(slurm)
@@ -199,6 +150,7 @@ class _InterruptingText(TextDisplay):
         self._maybe(str(event.data.get("text", "")))
 
 
+@pytest.mark.processes
 def test_an_interrupt_while_the_job_pends_cancels_it(slurm, capsys):
     hold_the_nodes(slurm)
     display = _InterruptingText(lambda seen: any("is pending" in text for text in seen))
@@ -208,6 +160,7 @@ def test_an_interrupt_while_the_job_pends_cancels_it(slurm, capsys):
     assert "cancelled" in capsys.readouterr().out
 
 
+@pytest.mark.processes
 def test_an_interrupt_while_the_ranks_run_stops_every_rank_and_gives_the_job_back(slurm):
     display = _InterruptingText(lambda seen: sum("sleeping on" in text for text in seen) == 4)
     with pytest.raises(KeyboardInterrupt):
@@ -216,6 +169,7 @@ def test_an_interrupt_while_the_ranks_run_stops_every_rank_and_gives_the_job_bac
     assert display.sent
 
 
+@pytest.mark.processes
 def test_a_timeout_while_the_ranks_run_stops_them_and_gives_the_job_back(slurm):
     started = time.monotonic()
     with pytest.raises(LaunchTimeoutError):
@@ -224,6 +178,7 @@ def test_a_timeout_while_the_ranks_run_stops_them_and_gives_the_job_back(slurm):
     assert time.monotonic() - started < 200
 
 
+@pytest.mark.processes
 def test_a_timeout_while_the_job_pends_cancels_it(slurm):
     hold_the_nodes(slurm)
     with pytest.raises(LaunchTimeoutError, match="did not grant the allocation within timeout=8"):
@@ -231,6 +186,7 @@ def test_a_timeout_while_the_job_pends_cancels_it(slurm):
                           display="text", timeout=8)
 
 
+@pytest.mark.processes
 def test_the_kernels_death_gives_the_job_back_and_ends_every_rank(slurm):
     """The kernel SIGKILLed while its ranks run on an allocation it asked for: the holder's input ends, salloc
     gives the job back, the agents' connection ends and they stop their ranks."""
@@ -271,6 +227,7 @@ def oom_on_node_2():
     return fit()
 
 
+@pytest.mark.processes
 def test_an_out_of_memory_error_on_node_2_restarts_both_nodes_in_the_same_allocation(slurm, capsys):
     assert notebook_launcher(oom_on_node_2, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
                              display="text", timeout=240) == 32.0
@@ -281,6 +238,7 @@ def test_an_out_of_memory_error_on_node_2_restarts_both_nodes_in_the_same_alloca
     assert said.count("asking Slurm for an allocation") == 1 and said.count(" granted: n1, n2") == 1  # one job
 
 
+@pytest.mark.processes
 def test_a_failing_rank_on_node_2_is_named_first(slurm):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(fails_on_node_2, num_processes=2, start_hosts_with="srun", slurm_options=["--nodes=2"],
@@ -291,6 +249,7 @@ def test_a_failing_rank_on_node_2_is_named_first(slurm):
     assert "Rank 3 ran on n2 (n1: ranks 0-1; n2: ranks 2-3)" in str(error)
 
 
+@pytest.mark.processes
 def test_a_job_slurm_refuses_is_its_own_message(slurm):
     with pytest.raises(LaunchArgumentError, match="slurm_options=.*refused.*invalid partition specified: nope"):
         notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun",
@@ -312,6 +271,7 @@ def test_more_ranks_per_node_than_the_jobs_cpus_run_with_one_warning(slurm):
     assert "'--cpus-per-task=2'" in warnings[0] and "'--ntasks-per-node=2'" in warnings[0]
 
 
+@pytest.mark.processes
 def test_salloc_that_ends_once_granted_has_its_job_cancelled(slurm):
     """``--no-shell``: salloc is granted the job and exits without running the launch on it; the job is
     cancelled (the fixture checks squeue is empty) and the message says why."""
@@ -339,6 +299,7 @@ class _SuspendingText(TextDisplay):
             assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.processes
 def test_a_step_slurm_cannot_start_is_said_then_named_by_the_timeout(slurm, monkeypatch):
     """srun waits without a word while the job is suspended: the launch says which nodes started no rank and
     where to look, once, and the timeout names the job, the nodes and the job's state."""
@@ -366,6 +327,7 @@ def test_the_doctor_outside_a_job_says_srun_works(slurm):
 
 
 @pytest.mark.skipif(slurm_missing() is not None, reason=str(slurm_missing()))
+@pytest.mark.processes
 def test_srun_without_an_allocation_nor_slurm_options_is_refused(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
@@ -373,6 +335,7 @@ def test_srun_without_an_allocation_nor_slurm_options_is_refused(monkeypatch):
         notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun")
 
 
+@pytest.mark.processes
 def test_srun_not_found_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(LaunchArgumentError, match="srun is not found"):
@@ -387,11 +350,13 @@ def test_srun_not_found_is_refused(monkeypatch, tmp_path):
     ({"slurm_options": ["--nodes=2"], "num_nodes": 2}, "leave num_nodes and node_rank out"),
 ])
 @pytest.mark.skipif(slurm_missing() is not None, reason=str(slurm_missing()))
+@pytest.mark.processes
 def test_arguments_of_srun_are_checked_before_anything_starts(keywords, match):
     with pytest.raises(LaunchArgumentError, match=match):
         notebook_launcher(where_am_i, num_processes=2, start_hosts_with="srun", **keywords)
 
 
+@pytest.mark.processes
 def test_slurm_options_need_srun():
     with pytest.raises(LaunchArgumentError, match="slurm_options is for start_hosts_with='srun'"):
         notebook_launcher(where_am_i, num_processes=2, hosts=["127.0.0.1"], slurm_options=["--nodes=2"])
@@ -447,6 +412,7 @@ def test_hostile_squeue_output_with_fake_squeue_on_path(slurm, tmp_path):
         slurm.run(["scancel", job])
 
 
+@pytest.mark.processes
 def test_hostile_slurm_job_id_in_the_environment_with_fake_scancel_on_path(slurm, tmp_path, monkeypatch):
     from notebook_launcher.cluster.slurm_checks import slurm_checks
     from notebook_launcher.errors import HostFailedError
@@ -483,6 +449,7 @@ def test_a_node_list_longer_than_a_command_line_is_read(slurm):
         assert hostnames(expression) == slurm.run(["scontrol", "show", "hostnames", expression]).stdout.split()
 
 
+@pytest.mark.processes
 def test_a_slurm_command_that_does_not_answer_is_killed_with_its_children(tmp_path):
     from notebook_launcher.cluster.slurm_job import SlurmError, run_slurm
 

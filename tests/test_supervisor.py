@@ -9,6 +9,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed  # noqa: F401 - imported once here, not in every forked worker (as the launcher does)
+from helpers.processes import no_children_left
 
 from notebook_launcher.cluster.ports import reserve_port
 from notebook_launcher.launchers.payload import spawn_payload
@@ -17,6 +18,8 @@ from notebook_launcher.schema.events import EXIT, FAILURE, RESULT, STREAM
 from notebook_launcher.schema.lines import expand_lines
 from notebook_launcher.schema.results import unpack_result
 from notebook_launcher.supervision.supervisor import Supervisor
+
+pytestmark = pytest.mark.processes
 
 
 def supervise(function, args=(), start_method="fork", timeout=None, progress_dir="", tmp_path=None,
@@ -51,10 +54,6 @@ def supervise(function, args=(), start_method="fork", timeout=None, progress_dir
 def stderr_after(events, rank, seq):
     return "\n".join(e.data["text"] for e in events if e.rank == rank and e.kind == STREAM and e.seq > seq
                      and e.data["stream"] == "stderr")
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def rank_plus_one():

@@ -1,6 +1,7 @@
 """The private names of torch and Accelerate we patch or read exist on the installed versions (torch 2.13 here;
 `make test-xla` runs this file on torch 2.9 too), and a launch on a torch that lacks one says so."""
 
+import pytest
 import torch
 
 from notebook_launcher import last_run, notebook_launcher
@@ -37,6 +38,7 @@ def trains_a_ddp_model():
     return float(model.module.weight.grad.sum())
 
 
+@pytest.mark.processes
 def test_a_launch_on_a_torch_without_one_warns_once_and_still_runs(monkeypatch, capsys):
     monkeypatch.delattr(torch.nn.parallel.distributed.DistributedDataParallel, "_sync_buffers")
     result = notebook_launcher(trains_a_ddp_model, num_processes=2, device="cpu", display="text")

@@ -11,8 +11,7 @@ import json
 
 import psutil
 import pytest
-from test_kernel import _assert_ok, _panel, _panel_lines, _stream, run_cell
-from test_rich_output import _env, _rank_outputs, kernel_with_log
+from helpers.kernel import _assert_ok, _env, _panel, _panel_lines, _rank_outputs, _stream, kernel_with_log, run_cell
 
 from notebook_launcher import RankFailedError, ResultUnavailableError, last_run, notebook_launcher
 from notebook_launcher.schema.decoding import FrameDecoder
@@ -60,6 +59,7 @@ ROUTES = ["log message", "logger name", "plain logging with an exception", "metr
 
 
 @pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.processes
 def test_a_lone_surrogate_on_each_route_arrives_escaped_with_one_note_and_the_result(route, capsys):
     assert notebook_launcher(sends_a_surrogate, args=(route,), num_processes=2, device="cpu", display="text") == 0
     out = capsys.readouterr().out
@@ -86,6 +86,7 @@ def raises_with_a_surrogate():
 
 
 @pytest.mark.parametrize("display", ["text", "panel"])
+@pytest.mark.processes
 def test_an_exception_with_a_surrogate_fails_its_rank_clearly(display, capsys):
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(raises_with_a_surrogate, num_processes=2, device="cpu", display=display)
@@ -113,6 +114,7 @@ def returns_what_cannot_be_rebuilt():
     return _RebuiltWithAnError()
 
 
+@pytest.mark.processes
 def test_a_results_error_with_a_surrogate_is_escaped():
     with pytest.raises(ResultUnavailableError) as caught:
         notebook_launcher(returns_what_cannot_be_rebuilt, num_processes=2, device="cpu", display="text")
@@ -181,6 +183,7 @@ notebook_launcher(fails, num_processes=2)
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_surrogates_in_a_kernel_reach_the_panel_escaped_and_the_kernel_answers(tmp_path, runs_dir):
     with kernel_with_log(tmp_path, _env(runs_dir)) as (kc, _log):
         for display in ("panel", "auto"):
@@ -236,6 +239,7 @@ notebook_launcher(ipython_and_widgets, num_processes=2)
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_ipython_and_ipywidgets_calls_in_a_rank_work_and_every_display_arrives(tmp_path, runs_dir):
     pytest.importorskip("ipywidgets")
     with kernel_with_log(tmp_path, _env(runs_dir)) as (kc, log_path):

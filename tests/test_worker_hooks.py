@@ -49,6 +49,7 @@ def reports_three_steps():
     return train()
 
 
+@pytest.mark.processes
 def test_report_and_each_try_of_the_batch_size_arrive_as_events_of_their_rank():
     notebook_launcher(reports_three_steps, num_processes=2, device="cpu")
     run = last_run()
@@ -69,6 +70,7 @@ def flags_of_every_rank():
     return ops.any_rank(rank == 2, TRIGGER), ops.any_rank(False, TRIGGER)
 
 
+@pytest.mark.processes
 def test_any_rank_is_true_on_every_rank_when_one_rank_says_so():
     notebook_launcher(flags_of_every_rank, num_processes=3, device="cpu")
     assert last_run().results == {0: (True, False), 1: (True, False), 2: (True, False)}
@@ -83,6 +85,7 @@ def checks_the_trigger_on_rank_0_only():
         dist.all_reduce(torch.ones(1))
 
 
+@pytest.mark.processes
 def test_check_trigger_on_one_rank_against_another_collective_is_named_in_debug_mode():
     with pytest.raises(RankFailedError) as caught:
         notebook_launcher(checks_the_trigger_on_rank_0_only, num_processes=2, device="cpu", debug=True, timeout=60)
@@ -92,6 +95,7 @@ def test_check_trigger_on_one_rank_against_another_collective_is_named_in_debug_
     assert "Process 1: torch.distributed.all_reduce at " in message
 
 
+@pytest.mark.processes
 def test_unconnected_modules_work_in_the_kernel_even_after_a_launch(capsys):
     notebook_launcher(reports_three_steps, num_processes=2, device="cpu")  # connects the workers' copies only
     capsys.readouterr()

@@ -44,6 +44,7 @@ def test_tpu_v3_with_fake_tpu_module_runs_two_cores_per_chip_as_threads(monkeypa
     assert "8 devices as threads of 4 processes" in plan.describe()
 
 
+@pytest.mark.processes
 def test_a_count_that_is_not_the_tpus_with_fake_tpu_module_is_refused_naming_both(monkeypatch):
     fake_tpu_host(monkeypatch, chips=4, cores_per_chip=1)
     refused = r"num_processes=8, but this host has 4 TPU device\(s\), by torch_xla.s count, .* Fix: pass num_processes=4"
@@ -57,6 +58,7 @@ def test_a_tpu_that_torch_xla_cannot_find_with_fake_tpu_module_says_what_to_do(m
         make_plan(function=print, device="xla")
 
 
+@pytest.mark.processes
 def test_xla_without_torch_xla_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_xla", None)  # not importable, as on a machine without it
     with pytest.raises(LaunchArgumentError, match=r"device='xla' needs torch_xla, which is not importable here"):

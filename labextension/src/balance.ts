@@ -17,7 +17,11 @@ export function formatBytes(count: number | null | undefined): string {
   if (typeof count !== 'number' || !isFinite(count) || count < 0) {
     return '';
   }
-  for (const [unit, size] of [['GB', 1e9], ['MB', 1e6], ['KB', 1e3]] as [string, number][]) {
+  for (const [unit, size] of [
+    ['GB', 1e9],
+    ['MB', 1e6],
+    ['KB', 1e3]
+  ] as [string, number][]) {
     if (count >= size) {
       return `${(count / size).toFixed(1)} ${unit}`;
     }
@@ -26,8 +30,13 @@ export function formatBytes(count: number | null | undefined): string {
 }
 
 function share(rank: IBalanceRank): number | null {
-  const value = typeof rank.step_wait_share === 'number' ? rank.step_wait_share : rank.wait_share;
-  return typeof value === 'number' && isFinite(value) ? Math.max(0, Math.min(1, value)) : null;
+  const value =
+    typeof rank.step_wait_share === 'number'
+      ? rank.step_wait_share
+      : rank.wait_share;
+  return typeof value === 'number' && isFinite(value)
+    ? Math.max(0, Math.min(1, value))
+    : null;
 }
 
 function bar(className: string, fraction: number, title: string): HTMLElement {
@@ -39,28 +48,54 @@ function bar(className: string, fraction: number, title: string): HTMLElement {
   return outer;
 }
 
-function renderRow(rank: string, figures: IBalanceRank, straggler: boolean): HTMLElement {
+function renderRow(
+  rank: string,
+  figures: IBalanceRank,
+  straggler: boolean
+): HTMLElement {
   const row = h('div', 'nl-balance-rank');
   setData(row, { rank, straggler: straggler ? 'true' : null });
   row.appendChild(h('span', 'nl-balance-name', `rank ${rank}`));
   const waited = share(figures);
   if (waited !== null) {
     const percent = Math.round(waited * 100);
-    row.appendChild(bar('nl-balance-wait', waited, `computing ${100 - percent}%, waiting for the others ${percent}%`));
+    row.appendChild(
+      bar(
+        'nl-balance-wait',
+        waited,
+        `computing ${100 - percent}%, waiting for the others ${percent}%`
+      )
+    );
     row.appendChild(h('span', 'nl-balance-share', `waited ${percent}%`));
   }
   if (typeof figures.step_time === 'number') {
-    row.appendChild(h('span', 'nl-balance-step', `${formatNumber(figures.step_time)} s/step`));
+    row.appendChild(
+      h('span', 'nl-balance-step', `${formatNumber(figures.step_time)} s/step`)
+    );
   }
   const peak = figures.peak_memory;
   if (typeof peak === 'number') {
     const total = figures.device_memory;
     if (typeof total === 'number' && total > 0) {
       const of = Math.min(1, peak / total);
-      row.appendChild(bar('nl-balance-memory', of, `peak ${formatBytes(peak)} of ${formatBytes(total)}`));
-      row.appendChild(h('span', 'nl-balance-peak', `${formatBytes(peak)} of ${formatBytes(total)}`));
+      row.appendChild(
+        bar(
+          'nl-balance-memory',
+          of,
+          `peak ${formatBytes(peak)} of ${formatBytes(total)}`
+        )
+      );
+      row.appendChild(
+        h(
+          'span',
+          'nl-balance-peak',
+          `${formatBytes(peak)} of ${formatBytes(total)}`
+        )
+      );
     } else {
-      row.appendChild(h('span', 'nl-balance-peak', `peak ${formatBytes(peak)}`));
+      row.appendChild(
+        h('span', 'nl-balance-peak', `peak ${formatBytes(peak)}`)
+      );
     }
   }
   if (straggler) {
@@ -81,22 +116,39 @@ function renderLegend(memory: boolean): HTMLElement {
   }
   for (const [className, text] of entries) {
     const entry = h('span', 'nl-balance-key');
-    entry.append(h('span', `nl-balance-swatch ${className}`), h('span', '', text));
+    entry.append(
+      h('span', `nl-balance-swatch ${className}`),
+      h('span', '', text)
+    );
     legend.appendChild(entry);
   }
   return legend;
 }
 
 /** The section's children, or null when no rank has sent its figures yet. */
-export function renderBalance(balance: IBalance | null | undefined): Node[] | null {
-  const ranks = Object.entries(balance?.ranks || {}).sort(([a], [b]) => Number(a) - Number(b));
+export function renderBalance(
+  balance: IBalance | null | undefined
+): Node[] | null {
+  const ranks = Object.entries(balance?.ranks || {}).sort(
+    ([a], [b]) => Number(a) - Number(b)
+  );
   if (!balance || ranks.length === 0) {
     return null;
   }
   const title = h('div', 'nl-balance-title', 'Balance');
-  title.appendChild(h('span', 'nl-balance-note', balance.final ? ' (final)' : ' (live)'));
-  const nodes: Node[] = [title, renderLegend(ranks.some(([, figures]) => typeof figures?.device_memory === 'number'))];
-  const straggler = balance.straggler === null || balance.straggler === undefined ? null : String(balance.straggler);
+  title.appendChild(
+    h('span', 'nl-balance-note', balance.final ? ' (final)' : ' (live)')
+  );
+  const nodes: Node[] = [
+    title,
+    renderLegend(
+      ranks.some(([, figures]) => typeof figures?.device_memory === 'number')
+    )
+  ];
+  const straggler =
+    balance.straggler === null || balance.straggler === undefined
+      ? null
+      : String(balance.straggler);
   for (const [rank, figures] of ranks) {
     nodes.push(renderRow(rank, figures || {}, rank === straggler));
   }

@@ -21,7 +21,8 @@ export interface IDomain {
 
 /** The value of a series at one history point (a metric name or `step_time`), or null. */
 export function pick(point: IHistoryPoint, series: string): number | null {
-  const value = series === STEP_TIME ? point.step_time : point.metrics?.[series];
+  const value =
+    series === STEP_TIME ? point.step_time : point.metrics?.[series];
   return typeof value === 'number' && isFinite(value) ? value : null;
 }
 
@@ -69,7 +70,11 @@ export function seriesDomain(ranks: IRank[], series: string): IDomain | null {
 }
 
 /** `div.nl-chart-box` with a label (series and latest value) and `svg.nl-chart[data-series]`. */
-export function renderChart(history: IHistoryPoint[], series: string, domain: IDomain): HTMLElement {
+export function renderChart(
+  history: IHistoryPoint[],
+  series: string,
+  domain: IDomain
+): HTMLElement {
   const box = h('div', 'nl-chart-box');
   const coords: string[] = [];
   let last: number | null = null;
@@ -88,7 +93,9 @@ export function renderChart(history: IHistoryPoint[], series: string, domain: ID
   }
   const label = h('span', 'nl-chart-label');
   label.appendChild(h('span', 'nl-chart-name', series));
-  label.appendChild(h('span', 'nl-chart-value', last === null ? '–' : formatNumber(last)));
+  label.appendChild(
+    h('span', 'nl-chart-value', last === null ? '–' : formatNumber(last))
+  );
   box.appendChild(label);
 
   const svg = s('svg', {
@@ -106,7 +113,9 @@ export function renderChart(history: IHistoryPoint[], series: string, domain: ID
     coords.push(`${WIDTH},${coords[0].split(',')[1]}`);
   }
   if (coords.length > 0) {
-    svg.appendChild(s('polyline', { points: coords.join(' '), class: 'nl-chart-line' }));
+    svg.appendChild(
+      s('polyline', { points: coords.join(' '), class: 'nl-chart-line' })
+    );
   }
   box.appendChild(svg);
   return box;

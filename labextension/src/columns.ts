@@ -55,15 +55,31 @@ export function createRankView(): IRankView {
     pinned: true,
     keys: new Map()
   };
-  view.node.append(view.head, view.progress, view.charts, view.dropped, view.lines);
+  view.node.append(
+    view.head,
+    view.progress,
+    view.charts,
+    view.dropped,
+    view.lines
+  );
   trackPin(view);
   return view;
 }
 
 /** Patch one rank column; each part is rebuilt only when its key changed. */
-export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [string, IDomain | null][]): void {
+export function updateRank(
+  view: IRankView,
+  rank: IRank,
+  run: IRun,
+  domains: [string, IDomain | null][]
+): void {
   const straggler = run.balance?.straggler === rank.rank;
-  setData(view.node, { rank: rank.rank, status: rank.status || 'unknown', host: rank.host, straggler: straggler ? 'true' : null });
+  setData(view.node, {
+    rank: rank.rank,
+    status: rank.status || 'unknown',
+    host: rank.host,
+    straggler: straggler ? 'true' : null
+  });
   const patch = (part: string, key: string, apply: () => void) => {
     if (view.keys.get(part) !== key) {
       view.keys.set(part, key);
@@ -71,29 +87,65 @@ export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [st
     }
   };
   const counts = levelCounts(rank.lines || []);
-  patch('head', JSON.stringify([rank.rank, rank.host, rank.status, rank.pid, rank.exit_code, straggler, counts]), () => {
-    const name = h('span', 'nl-rank-name', `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}`);
-    const meta = h('span', 'nl-rank-meta', [
-      rank.pid ? `pid ${rank.pid}` : '',
-      typeof rank.exit_code === 'number' ? `exit ${rank.exit_code}` : ''
-    ].filter(Boolean).join(' · '));
-    view.head.replaceChildren(name, badge(rank.status, 'nl-rank-status'), meta);
-    if (straggler) {
-      view.head.appendChild(h('span', 'nl-badge nl-rank-straggler', 'straggler'));
+  patch(
+    'head',
+    JSON.stringify([
+      rank.rank,
+      rank.host,
+      rank.status,
+      rank.pid,
+      rank.exit_code,
+      straggler,
+      counts
+    ]),
+    () => {
+      const name = h(
+        'span',
+        'nl-rank-name',
+        `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}`
+      );
+      const meta = h(
+        'span',
+        'nl-rank-meta',
+        [
+          rank.pid ? `pid ${rank.pid}` : '',
+          typeof rank.exit_code === 'number' ? `exit ${rank.exit_code}` : ''
+        ]
+          .filter(Boolean)
+          .join(' · ')
+      );
+      view.head.replaceChildren(
+        name,
+        badge(rank.status, 'nl-rank-status'),
+        meta
+      );
+      if (straggler) {
+        view.head.appendChild(
+          h('span', 'nl-badge nl-rank-straggler', 'straggler')
+        );
+      }
+      for (const [level, count] of counts) {
+        view.head.appendChild(countBadge(view, level, count));
+      }
     }
-    for (const [level, count] of counts) {
-      view.head.appendChild(countBadge(view, level, count));
-    }
-  });
-  patch('progress', JSON.stringify(rank.progress ?? null), () => renderProgress(view.progress, rank));
+  );
+  patch('progress', JSON.stringify(rank.progress ?? null), () =>
+    renderProgress(view.progress, rank)
+  );
   const history = rank.history || [];
   const last = history[history.length - 1];
-  patch('charts', JSON.stringify([history.length, last?.t, last?.step, domains]), () => {
-    view.charts.replaceChildren(
-      ...domains.filter(([, d]) => d).map(([series, d]) => renderChart(history, series, d as IDomain))
-    );
-    view.charts.hidden = view.charts.childElementCount === 0;
-  });
+  patch(
+    'charts',
+    JSON.stringify([history.length, last?.t, last?.step, domains]),
+    () => {
+      view.charts.replaceChildren(
+        ...domains
+          .filter(([, d]) => d)
+          .map(([series, d]) => renderChart(history, series, d as IDomain))
+      );
+      view.charts.hidden = view.charts.childElementCount === 0;
+    }
+  );
   const dropped = rank.lines_dropped || 0;
   patch('dropped', `${dropped}:${run.run_dir}`, () => {
     view.dropped.hidden = dropped <= 0;
@@ -108,7 +160,11 @@ export function updateRank(view: IRankView, rank: IRank, run: IRun, domains: [st
 /** A line's level as its badge counts it: WARNING, ERROR (CRITICAL with it), or null. */
 function countedLevel(line: ILine): string | null {
   const level = line.kind === 'log' ? (line.level || '').toUpperCase() : '';
-  return level === 'WARNING' ? 'WARNING' : level === 'ERROR' || level === 'CRITICAL' ? 'ERROR' : null;
+  return level === 'WARNING'
+    ? 'WARNING'
+    : level === 'ERROR' || level === 'CRITICAL'
+      ? 'ERROR'
+      : null;
 }
 
 /** [[level, count]] of the rank's WARNING and ERROR log lines (those the column holds). */
@@ -120,19 +176,33 @@ export function levelCounts(lines: ILine[]): [string, number][] {
       counts.set(level, (counts.get(level) || 0) + 1);
     }
   }
-  return (['WARNING', 'ERROR'] as const).filter(level => counts.has(level)).map(level => [level, counts.get(level)!]);
+  return (['WARNING', 'ERROR'] as const)
+    .filter(level => counts.has(level))
+    .map(level => [level, counts.get(level)!]);
 }
 
 /** "2 warnings": a click scrolls the column to the next such line (and stops following new lines). */
-function countBadge(view: IRankView, level: string, count: number): HTMLElement {
+function countBadge(
+  view: IRankView,
+  level: string,
+  count: number
+): HTMLElement {
   const word = level === 'WARNING' ? 'warning' : 'error';
-  const button = h('button', 'nl-badge nl-rank-count', `${count} ${word}${count === 1 ? '' : 's'}`);
+  const button = h(
+    'button',
+    'nl-badge nl-rank-count',
+    `${count} ${word}${count === 1 ? '' : 's'}`
+  );
   button.type = 'button';
   button.dataset.level = level;
   button.title = `show the next ${word} line of this rank`;
   let next = 0;
   button.addEventListener('click', () => {
-    const found = [...view.lines.querySelectorAll<HTMLElement>(`.nl-line[data-counted='${level}']`)];
+    const found = [
+      ...view.lines.querySelectorAll<HTMLElement>(
+        `.nl-line[data-counted='${level}']`
+      )
+    ];
     if (!found.length) {
       return;
     }
@@ -140,7 +210,9 @@ function countBadge(view: IRankView, level: string, count: number): HTMLElement 
     next += 1;
     view.pinned = false;
     view.lines.scrollTop = line.offsetTop - view.lines.offsetTop - 8;
-    view.lines.querySelectorAll('.nl-found').forEach(node => node.classList.remove('nl-found'));
+    view.lines
+      .querySelectorAll('.nl-found')
+      .forEach(node => node.classList.remove('nl-found'));
     line.classList.add('nl-found');
   });
   return button;
@@ -157,9 +229,13 @@ function renderProgress(node: HTMLElement, rank: IRank): void {
   setData(node, { step: progress.step, total: progress.total });
   const bar = h('div', 'nl-progress-bar');
   const fill = bar.appendChild(h('div', 'nl-progress-fill'));
-  fill.style.width = fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
+  fill.style.width =
+    fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
   bar.classList.toggle('nl-indeterminate', fraction === null);
-  node.replaceChildren(bar, h('div', 'nl-progress-text', formatProgress(progress)));
+  node.replaceChildren(
+    bar,
+    h('div', 'nl-progress-text', formatProgress(progress))
+  );
 }
 
 /**
@@ -212,7 +288,9 @@ function renderLine(line: ILine): HTMLElement {
     node.title = `${formatNumber(line.t)} s after the start`;
   }
   if (kind === 'log') {
-    node.appendChild(h('span', 'nl-level', (line.level || 'INFO').toUpperCase()));
+    node.appendChild(
+      h('span', 'nl-level', (line.level || 'INFO').toUpperCase())
+    );
     if (line.logger) {
       node.appendChild(h('span', 'nl-logger', line.logger));
     }

@@ -17,10 +17,22 @@ export interface ICaps {
  * A line relative to the one before it (the first to the change's `at`, `[n, t in ms]`): `[dn, dt in ms, text]`
  * for stdout, `[dn, dt, text, kind]` otherwise, `[dn, dt, text, "log", level, logger]` for a log record.
  */
-export type LineRow = [number, number, string, string?, (string | null)?, (string | null)?];
+export type LineRow = [
+  number,
+  number,
+  string,
+  string?,
+  (string | null)?,
+  (string | null)?
+];
 
 /** `[step, t, step_time, metrics]`. */
-export type PointRow = [number | null, number, number | null, Record<string, number>];
+export type PointRow = [
+  number | null,
+  number,
+  number | null,
+  Record<string, number>
+];
 
 export interface IRankDelta extends Partial<Omit<IRank, 'lines' | 'history'>> {
   rank: number;
@@ -60,7 +72,12 @@ export function expandLines(at: [number, number], rows: LineRow[]): ILine[] {
   return rows.map(row => {
     n += row[0];
     ms += row[1];
-    const line: ILine = { n, t: ms / 1000, kind: (row.length > 3 ? row[3] : 'stdout') as ILine['kind'], text: row[2] };
+    const line: ILine = {
+      n,
+      t: ms / 1000,
+      kind: (row.length > 3 ? row[3] : 'stdout') as ILine['kind'],
+      text: row[2]
+    };
     if (row.length > 4) {
       line.level = row[4] ?? null;
       line.logger = row[5] ?? null;
@@ -74,33 +91,64 @@ export function expandPoint(row: PointRow): IHistoryPoint {
 }
 
 /** The last point's step and step time, the total as before, every metric's latest value. */
-export function derivedProgress(progress: IProgress | null | undefined, points: IHistoryPoint[]): IProgress {
+export function derivedProgress(
+  progress: IProgress | null | undefined,
+  points: IHistoryPoint[]
+): IProgress {
   const metrics: Record<string, number> = { ...(progress?.metrics || {}) };
   points.forEach(point => Object.assign(metrics, point.metrics || {}));
   const last = points[points.length - 1];
-  return { step: last?.step ?? null, total: progress?.total ?? null, metrics, step_time: last?.step_time ?? null };
+  return {
+    step: last?.step ?? null,
+    total: progress?.total ?? null,
+    metrics,
+    step_time: last?.step_time ?? null
+  };
 }
 
 function blankRank(rank: number): IRank {
-  return { rank, host: null, status: 'starting', pid: null, exit_code: null, lines: [], lines_total: 0,
-    lines_dropped: 0, progress: null, history: [] };
+  return {
+    rank,
+    host: null,
+    status: 'starting',
+    pid: null,
+    exit_code: null,
+    lines: [],
+    lines_total: 0,
+    lines_dropped: 0,
+    progress: null,
+    history: []
+  };
 }
 
 /** A new state with `delta` applied; `state` is left as it was. */
-export function applyDelta(state: LiveRun, delta: IDelta, caps: ICaps): LiveRun {
+export function applyDelta(
+  state: LiveRun,
+  delta: IDelta,
+  caps: ICaps
+): LiveRun {
   const out: LiveRun = { ...state, ...(delta.set || {}), seq: delta.seq };
   delete (out as Record<string, unknown>).saved; // a cut snapshot no longer: the live lines come in whole
-  const ranks = new Map<number, IRank>((state.ranks || []).map(rank => [rank.rank, rank]));
+  const ranks = new Map<number, IRank>(
+    (state.ranks || []).map(rank => [rank.rank, rank])
+  );
   const order = delta.order || (state.ranks || []).map(rank => rank.rank);
-  const fresh = new Set((delta.ranks || []).filter(change => change.new).map(change => change.rank));
+  const fresh = new Set(
+    (delta.ranks || []).filter(change => change.new).map(change => change.rank)
+  );
   for (const id of order) {
     if (!ranks.has(id) || fresh.has(id)) {
       ranks.set(id, blankRank(id));
     }
   }
   for (const change of delta.ranks || []) {
-    const rank: IRank = { ...(ranks.get(change.rank) || blankRank(change.rank)) };
-    const lines = change.lines?.length && change.at ? expandLines(change.at, change.lines) : [];
+    const rank: IRank = {
+      ...(ranks.get(change.rank) || blankRank(change.rank))
+    };
+    const lines =
+      change.lines?.length && change.at
+        ? expandLines(change.at, change.lines)
+        : [];
     const points = (change.history || []).map(expandPoint);
     const skip = new Set(['rank', 'at', 'lines', 'history', 'new']);
     for (const [name, value] of Object.entries(change)) {

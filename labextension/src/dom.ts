@@ -34,7 +34,10 @@ export function s<K extends keyof SVGElementTagNameMap>(
 }
 
 /** Set or remove data attributes in one go; `null`/`undefined` removes. */
-export function setData(node: HTMLElement | SVGElement, data: Record<string, unknown>): void {
+export function setData(
+  node: HTMLElement | SVGElement,
+  data: Record<string, unknown>
+): void {
   for (const [key, value] of Object.entries(data)) {
     if (value === null || value === undefined) {
       delete node.dataset[key];
@@ -45,7 +48,10 @@ export function setData(node: HTMLElement | SVGElement, data: Record<string, unk
 }
 
 /** A status badge: `.nl-badge[data-status]`, coloured by CSS. */
-export function badge(status: string | undefined, className = ''): HTMLSpanElement {
+export function badge(
+  status: string | undefined,
+  className = ''
+): HTMLSpanElement {
   const value = status || 'unknown';
   const node = h('span', `nl-badge ${className}`.trim(), value);
   node.dataset.status = value;

@@ -40,7 +40,11 @@ export function formatProgress(progress: IProgress | null | undefined): string {
   }
   const parts: string[] = [];
   if (typeof progress.step === 'number') {
-    parts.push(typeof progress.total === 'number' ? `step ${progress.step}/${progress.total}` : `step ${progress.step}`);
+    parts.push(
+      typeof progress.total === 'number'
+        ? `step ${progress.step}/${progress.total}`
+        : `step ${progress.step}`
+    );
   }
   for (const [name, value] of Object.entries(progress.metrics || {})) {
     parts.push(`${name} ${formatNumber(value)}`);
@@ -52,8 +56,15 @@ export function formatProgress(progress: IProgress | null | undefined): string {
 }
 
 /** Fraction done in [0, 1], or null when there is no total. */
-export function progressFraction(progress: IProgress | null | undefined): number | null {
-  if (!progress || typeof progress.step !== 'number' || typeof progress.total !== 'number' || progress.total <= 0) {
+export function progressFraction(
+  progress: IProgress | null | undefined
+): number | null {
+  if (
+    !progress ||
+    typeof progress.step !== 'number' ||
+    typeof progress.total !== 'number' ||
+    progress.total <= 0
+  ) {
     return null;
   }
   return Math.max(0, Math.min(1, progress.step / progress.total));
@@ -74,7 +85,11 @@ export function slowestProgress(ranks: IRank[] | undefined): IProgress | null {
   let slowest: IProgress | null = null;
   for (const rank of ranks || []) {
     const p = rank.progress;
-    if (p && typeof p.step === 'number' && (!slowest || p.step < (slowest.step as number))) {
+    if (
+      p &&
+      typeof p.step === 'number' &&
+      (!slowest || p.step < (slowest.step as number))
+    ) {
       slowest = p;
     }
   }

@@ -61,25 +61,32 @@ export class RankGrid {
   private filter = 'all';
   private opened: number | null = null;
   private pinned: number[] = [];
-  private last: { run: IRun; domains: [string, IDomain | null][] } | null = null;
+  private last: { run: IRun; domains: [string, IDomain | null][] } | null =
+    null;
 
   constructor() {
     this.node.append(this.filters, this.cellsNode, this.openNode);
     this.cellsNode.addEventListener('click', event => {
-      const cell = (event.target as HTMLElement).closest<HTMLElement>('.nl-cell');
+      const cell = (event.target as HTMLElement).closest<HTMLElement>(
+        '.nl-cell'
+      );
       if (cell && cell.dataset.rank !== undefined) {
         this.toggle(Number(cell.dataset.rank));
       }
     });
     this.cellsNode.addEventListener('keydown', event => {
-      const cell = (event.target as HTMLElement).closest<HTMLElement>('.nl-cell');
+      const cell = (event.target as HTMLElement).closest<HTMLElement>(
+        '.nl-cell'
+      );
       if (cell && (event.key === 'Enter' || event.key === ' ')) {
         event.preventDefault();
         this.toggle(Number(cell.dataset.rank));
       }
     });
     this.filters.addEventListener('click', event => {
-      const button = (event.target as HTMLElement).closest<HTMLElement>('.nl-grid-filter');
+      const button = (event.target as HTMLElement).closest<HTMLElement>(
+        '.nl-grid-filter'
+      );
       if (button && button.dataset.filter) {
         this.setFilter(button.dataset.filter);
       }
@@ -88,12 +95,15 @@ export class RankGrid {
 
   /** The ranks shown as columns below the grid: the pinned ones, then the one opened last. */
   get openRanks(): number[] {
-    return this.opened !== null && !this.pinned.includes(this.opened) ? [...this.pinned, this.opened] : [...this.pinned];
+    return this.opened !== null && !this.pinned.includes(this.opened)
+      ? [...this.pinned, this.opened]
+      : [...this.pinned];
   }
 
   /** Open a rank's column (or close it when it is the one open and not pinned). */
   toggle(rank: number): void {
-    this.opened = this.opened === rank && !this.pinned.includes(rank) ? null : rank;
+    this.opened =
+      this.opened === rank && !this.pinned.includes(rank) ? null : rank;
     this.redraw();
   }
 
@@ -129,7 +139,9 @@ export class RankGrid {
   update(run: IRun, domains: [string, IDomain | null][]): void {
     this.last = { run, domains };
     const ranks = (run.ranks || []) as GridRank[];
-    const hangRanks = new Set(Object.keys((run.hang?.live && run.hang.ranks) || {}).map(Number));
+    const hangRanks = new Set(
+      Object.keys((run.hang?.live && run.hang.ranks) || {}).map(Number)
+    );
     this.node.dataset.count = String(ranks.length);
     this.node.dataset.filter = this.filter;
     this.renderFilters(ranks);
@@ -146,12 +158,18 @@ export class RankGrid {
       let group = this.groups.get(host);
       if (!group) {
         group = h('div', 'nl-grid-host');
-        group.append(h('div', 'nl-grid-host-name'), h('div', 'nl-grid-host-cells'));
+        group.append(
+          h('div', 'nl-grid-host-name'),
+          h('div', 'nl-grid-host-cells')
+        );
         this.groups.set(host, group);
       }
       setData(group, { host: host || null });
-      (group.firstChild as HTMLElement).textContent = `${host || 'this machine'} · ${members.length} rank${members.length === 1 ? '' : 's'}`;
-      const wantedGroup: ChildNode | null = previousGroup ? previousGroup.nextSibling : this.cellsNode.firstChild;
+      (group.firstChild as HTMLElement).textContent =
+        `${host || 'this machine'} · ${members.length} rank${members.length === 1 ? '' : 's'}`;
+      const wantedGroup: ChildNode | null = previousGroup
+        ? previousGroup.nextSibling
+        : this.cellsNode.firstChild;
       if (group !== wantedGroup) {
         this.cellsNode.insertBefore(group, wantedGroup);
       }
@@ -159,13 +177,17 @@ export class RankGrid {
       previousGroup = group;
       const box = group.lastChild as HTMLElement;
       const sorted = [...members].sort(
-        (a, b) => Number(!TROUBLE.has(statusGroup(a.status))) - Number(!TROUBLE.has(statusGroup(b.status))) || a.rank - b.rank
+        (a, b) =>
+          Number(!TROUBLE.has(statusGroup(a.status))) -
+            Number(!TROUBLE.has(statusGroup(b.status))) || a.rank - b.rank
       );
       let previous: HTMLElement | null = null;
       for (const rank of sorted) {
         seen.add(rank.rank);
         const cell = this.cell(rank, hangRanks.has(rank.rank), run.balance);
-        const wanted: ChildNode | null = previous ? previous.nextSibling : box.firstChild;
+        const wanted: ChildNode | null = previous
+          ? previous.nextSibling
+          : box.firstChild;
         if (cell.node !== wanted) {
           box.insertBefore(cell.node, wanted);
         }
@@ -193,23 +215,43 @@ export class RankGrid {
 
   private renderFilters(ranks: GridRank[]): void {
     const counts: Record<string, number> = { all: ranks.length };
-    ranks.forEach(rank => (counts[statusGroup(rank.status)] = (counts[statusGroup(rank.status)] || 0) + 1));
+    ranks.forEach(
+      rank =>
+        (counts[statusGroup(rank.status)] =
+          (counts[statusGroup(rank.status)] || 0) + 1)
+    );
     const key = JSON.stringify([counts, this.filter]);
     if (this.filters.dataset.key === key) {
       return;
     }
     this.filters.dataset.key = key;
-    const buttons = FILTERS.filter(name => name === 'all' || counts[name] || name === this.filter).map(name => {
-      const button = h('button', 'nl-grid-filter', `${name} ${counts[name] || 0}`);
+    const buttons = FILTERS.filter(
+      name => name === 'all' || counts[name] || name === this.filter
+    ).map(name => {
+      const button = h(
+        'button',
+        'nl-grid-filter',
+        `${name} ${counts[name] || 0}`
+      );
       button.type = 'button';
-      setData(button, { filter: name, active: name === this.filter ? 'true' : null });
+      setData(button, {
+        filter: name,
+        active: name === this.filter ? 'true' : null
+      });
       button.setAttribute('aria-pressed', String(name === this.filter));
       return button;
     });
-    this.filters.replaceChildren(h('span', 'nl-grid-filters-label', 'show'), ...buttons);
+    this.filters.replaceChildren(
+      h('span', 'nl-grid-filters-label', 'show'),
+      ...buttons
+    );
   }
 
-  private cell(rank: GridRank, inHang: boolean, balance: IBalance | null | undefined): ICell {
+  private cell(
+    rank: GridRank,
+    inHang: boolean,
+    balance: IBalance | null | undefined
+  ): ICell {
     let cell = this.cells.get(rank.rank);
     if (!cell) {
       const node = h('div', 'nl-cell');
@@ -221,8 +263,14 @@ export class RankGrid {
     const group = statusGroup(rank.status);
     const lines = rank.lines || [];
     const lastLine = lines[lines.length - 1];
-    const straggler = balance?.straggler === rank.rank ? stragglerLine(balance) : null;
-    const hang = inHang || group === 'stuck' ? (rank.status === 'stuck' ? 'stuck' : rank.status || 'stuck') : null;
+    const straggler =
+      balance?.straggler === rank.rank ? stragglerLine(balance) : null;
+    const hang =
+      inHang || group === 'stuck'
+        ? rank.status === 'stuck'
+          ? 'stuck'
+          : rank.status || 'stuck'
+        : null;
     setData(cell.node, {
       rank: rank.rank,
       status: rank.status || 'unknown',
@@ -233,7 +281,15 @@ export class RankGrid {
       pinned: this.pinned.includes(rank.rank) ? 'true' : null
     });
     cell.node.hidden = this.filter !== 'all' && this.filter !== group;
-    const key = JSON.stringify([rank.rank, rank.status, rank.progress, lastLine?.n, lastLine?.text, straggler, hang]);
+    const key = JSON.stringify([
+      rank.rank,
+      rank.status,
+      rank.progress,
+      lastLine?.n,
+      lastLine?.text,
+      straggler,
+      hang
+    ]);
     if (key !== cell.key) {
       cell.key = key;
       fillCell(cell.node, rank, lastLine?.text ?? '', straggler, hang);
@@ -241,7 +297,11 @@ export class RankGrid {
     return cell;
   }
 
-  private renderColumns(run: IRun, ranks: GridRank[], domains: [string, IDomain | null][]): void {
+  private renderColumns(
+    run: IRun,
+    ranks: GridRank[],
+    domains: [string, IDomain | null][]
+  ): void {
     const wanted = this.openRanks;
     for (const [id, column] of this.columns) {
       if (!wanted.includes(id)) {
@@ -264,7 +324,9 @@ export class RankGrid {
       setData(column.node, { rank: id, pinned: pinned ? 'true' : null });
       column.pin.textContent = pinned ? 'unpin' : 'pin';
       column.pin.setAttribute('aria-pressed', String(pinned));
-      const place: ChildNode | null = previous ? previous.nextSibling : this.openNode.firstChild;
+      const place: ChildNode | null = previous
+        ? previous.nextSibling
+        : this.openNode.firstChild;
       if (column.node !== place) {
         this.openNode.insertBefore(column.node, place);
       }
@@ -294,15 +356,26 @@ export class RankGrid {
 
 /** The balance's straggler line ("straggler: rank 3 (ranks 0, 1 waited 41% ...)"), the straggler mark's title. */
 function stragglerLine(balance: IBalance): string {
-  const line = (balance.summary || '').split('\n').find(text => text.startsWith('straggler'));
+  const line = (balance.summary || '')
+    .split('\n')
+    .find(text => text.startsWith('straggler'));
   return line || 'the rank the others wait for';
 }
 
 /** A cell's content: rank, status, step and bar, step time, straggler mark, hang badge, last line. */
-function fillCell(node: HTMLElement, rank: GridRank, last: string, straggler: string | null, hang: string | null): void {
+function fillCell(
+  node: HTMLElement,
+  rank: GridRank,
+  last: string,
+  straggler: string | null,
+  hang: string | null
+): void {
   const progress = rank.progress;
   const top = h('div', 'nl-cell-top');
-  top.append(h('span', 'nl-cell-rank', String(rank.rank)), h('span', 'nl-cell-status', rank.status || ''));
+  top.append(
+    h('span', 'nl-cell-rank', String(rank.rank)),
+    h('span', 'nl-cell-status', rank.status || '')
+  );
   if (hang) {
     top.appendChild(h('span', 'nl-cell-hang', hang));
   }
@@ -313,15 +386,26 @@ function fillCell(node: HTMLElement, rank: GridRank, last: string, straggler: st
   }
   const step = h('div', 'nl-cell-step');
   if (progress && typeof progress.step === 'number') {
-    step.textContent = typeof progress.total === 'number' ? `${progress.step}/${progress.total}` : `step ${progress.step}`;
+    step.textContent =
+      typeof progress.total === 'number'
+        ? `${progress.step}/${progress.total}`
+        : `step ${progress.step}`;
     setData(step, { step: progress.step, total: progress.total });
   }
-  const time = h('span', 'nl-cell-time', typeof progress?.step_time === 'number' ? `${formatNumber(progress.step_time)} s/step` : '');
+  const time = h(
+    'span',
+    'nl-cell-time',
+    typeof progress?.step_time === 'number'
+      ? `${formatNumber(progress.step_time)} s/step`
+      : ''
+  );
   step.appendChild(time);
   const bar = h('div', 'nl-cell-bar');
   const fraction = progressFraction(progress);
   bar.hidden = fraction === null;
-  bar.appendChild(h('div', 'nl-cell-fill')).setAttribute('style', `width: ${((fraction || 0) * 100).toFixed(1)}%`);
+  bar
+    .appendChild(h('div', 'nl-cell-fill'))
+    .setAttribute('style', `width: ${((fraction || 0) * 100).toFixed(1)}%`);
   const line = h('div', 'nl-cell-last', last);
   line.title = last;
   node.title = `rank ${rank.rank}${rank.host ? ` @ ${rank.host}` : ''}: ${rank.status || ''} (click to open its lines)`;

@@ -24,7 +24,9 @@ export function hangEnding(hang: IHang): string {
   if (typeof hang.cleared_after === 'number') {
     return `(cleared after ${Math.round(hang.cleared_after)} s)`;
   }
-  return typeof hang.cleared_t === 'number' ? '(cleared)' : '(not cleared before the run ended)';
+  return typeof hang.cleared_t === 'number'
+    ? '(cleared)'
+    : '(not cleared before the run ended)';
 }
 
 /** "at 40.0 s · 31 s without progress" (`now`: the run's elapsed seconds, for a live notice's count). */
@@ -41,7 +43,11 @@ function hangWhen(hang: IHang, now?: number): string {
 }
 
 /** Whole seconds since `since` at `now`, never below `floor` (what the kernel last said). */
-function secondsSince(since: number | null | undefined, now: number | undefined, floor: number | null): number | null {
+function secondsSince(
+  since: number | null | undefined,
+  now: number | undefined,
+  floor: number | null
+): number | null {
   if (typeof since === 'number' && typeof now === 'number' && isFinite(now)) {
     return Math.max(Math.round(now - since), Math.round(floor ?? 0));
   }
@@ -50,14 +56,24 @@ function secondsSince(since: number | null | undefined, now: number | undefined,
 
 function quietSeconds(hang: IHang, now?: number): number | null {
   const said = typeof hang.quiet_s === 'number' ? hang.quiet_s : null;
-  return hang.live ? secondsSince(hang.quiet_since_t, now, said) : said === null ? null : Math.round(said);
+  return hang.live
+    ? secondsSince(hang.quiet_since_t, now, said)
+    : said === null
+      ? null
+      : Math.round(said);
 }
 
 /** A waiting rank's line with its seconds moved on: "waiting 12 s in all_reduce #6 at ...". */
-export function rankText(place: IHangRank, live: boolean, now?: number): string {
+export function rankText(
+  place: IHangRank,
+  live: boolean,
+  now?: number
+): string {
   const text = place.text || '';
   const waited = live ? secondsSince(place.since_t, now, null) : null;
-  return waited === null ? text : text.replace(/^waiting \d+ s /, `waiting ${waited} s `);
+  return waited === null
+    ? text
+    : text.replace(/^waiting \d+ s /, `waiting ${waited} s `);
 }
 
 /** "timeout=30 s will stop it in 12 s; press stop to end it sooner", or what happens without a timeout. */
@@ -84,7 +100,12 @@ function summary(text: string | undefined): string {
 }
 
 /** A collapsed toggle, open again if the user had opened it before an update. */
-function toggle(key: string, title: string, open: Set<string>, className: string): HTMLDetailsElement {
+function toggle(
+  key: string,
+  title: string,
+  open: Set<string>,
+  className: string
+): HTMLDetailsElement {
   const details = h('details', className);
   details.dataset.key = key;
   details.open = open.has(key);
@@ -92,10 +113,23 @@ function toggle(key: string, title: string, open: Set<string>, className: string
   return details;
 }
 
-function renderRank(rank: string, place: IHangRank, diverged: boolean, live: boolean, now?: number): HTMLElement {
+function renderRank(
+  rank: string,
+  place: IHangRank,
+  diverged: boolean,
+  live: boolean,
+  now?: number
+): HTMLElement {
   const item = h('li', 'nl-hang-rank');
-  setData(item, { rank, state: place.state || 'unknown', diverged: diverged ? 'true' : null });
-  item.append(h('span', 'nl-hang-rank-name', `rank ${rank}`), badge(hangBadge(place.state), 'nl-hang-state'));
+  setData(item, {
+    rank,
+    state: place.state || 'unknown',
+    diverged: diverged ? 'true' : null
+  });
+  item.append(
+    h('span', 'nl-hang-rank-name', `rank ${rank}`),
+    badge(hangBadge(place.state), 'nl-hang-state')
+  );
   item.appendChild(h('span', 'nl-hang-text', rankText(place, live, now)));
   if (diverged) {
     item.appendChild(h('span', 'nl-hang-diverged-tag', 'diverged'));
@@ -110,7 +144,11 @@ function verdictTitle(hang: IHang): string {
 }
 
 /** The newest notice: title (its verdict), when, each rank's line, who diverged, the countdown, the stacks. */
-function renderNotice(hang: IHang, open: Set<string>, now?: number): HTMLElement {
+function renderNotice(
+  hang: IHang,
+  open: Set<string>,
+  now?: number
+): HTMLElement {
   const card = h('div', 'nl-hang-card nl-card');
   const title = h('div', 'nl-card-title nl-hang-title');
   title.appendChild(h('span', 'nl-hang-label', 'possible hang'));
@@ -133,26 +171,44 @@ function renderNotice(hang: IHang, open: Set<string>, now?: number): HTMLElement
     card.appendChild(h('div', 'nl-hang-summary', said));
   }
   const ranks = byRank(hang.ranks);
-  const diverged = typeof hang.diverged === 'number' ? String(hang.diverged) : null;
+  const diverged =
+    typeof hang.diverged === 'number' ? String(hang.diverged) : null;
   if (ranks.length) {
     const list = h('ul', 'nl-hang-ranks');
     ranks.forEach(([rank, place]) =>
-      list.appendChild(renderRank(rank, place || {}, rank === diverged, !!hang.live, now))
+      list.appendChild(
+        renderRank(rank, place || {}, rank === diverged, !!hang.live, now)
+      )
     );
     card.appendChild(list);
   } else if (hang.text && hang.text.includes('\n')) {
-    card.appendChild(h('pre', 'nl-hang-text-block', hang.text.slice(hang.text.indexOf('\n') + 1)));
+    card.appendChild(
+      h(
+        'pre',
+        'nl-hang-text-block',
+        hang.text.slice(hang.text.indexOf('\n') + 1)
+      )
+    );
   }
   if (diverged !== null && !verdict) {
     card.appendChild(
-      h('div', 'nl-hang-diverged', `rank ${diverged} diverged: it is not in the collective the other ranks wait in`)
+      h(
+        'div',
+        'nl-hang-diverged',
+        `rank ${diverged} diverged: it is not in the collective the other ranks wait in`
+      )
     );
   }
   if (hang.live) {
     card.appendChild(h('div', 'nl-hang-timeout', countdown(hang, now)));
   }
   for (const [rank, stack] of byRank(hang.stacks)) {
-    const details = toggle(`stack-${rank}`, `rank ${rank}'s stack`, open, 'nl-hang-stack');
+    const details = toggle(
+      `stack-${rank}`,
+      `rank ${rank}'s stack`,
+      open,
+      'nl-hang-stack'
+    );
     details.dataset.rank = rank;
     details.appendChild(h('pre', 'nl-stack-text', stack));
     card.appendChild(details);
@@ -166,11 +222,22 @@ function renderNotice(hang: IHang, open: Set<string>, now?: number): HTMLElement
 /** Earlier notices, newest first, in one collapsed toggle. */
 function renderHistory(hangs: IHang[], open: Set<string>): HTMLElement {
   const count = hangs.length;
-  const details = toggle('history', `${count} earlier ${count === 1 ? 'notice' : 'notices'}`, open, 'nl-hang-history');
+  const details = toggle(
+    'history',
+    `${count} earlier ${count === 1 ? 'notice' : 'notices'}`,
+    open,
+    'nl-hang-history'
+  );
   for (const hang of [...hangs].reverse()) {
     const item = h('div', 'nl-hang-earlier');
     setData(item, { t: hang.t });
-    item.appendChild(h('div', 'nl-hang-earlier-title', `possible hang ${hangWhen(hang)} ${hangEnding(hang)}`.trim()));
+    item.appendChild(
+      h(
+        'div',
+        'nl-hang-earlier-title',
+        `possible hang ${hangWhen(hang)} ${hangEnding(hang)}`.trim()
+      )
+    );
     if (hang.text) {
       item.appendChild(h('pre', 'nl-hang-text-block', hang.text));
     }
@@ -211,7 +278,11 @@ export class HangCard {
     }
   }
 
-  update(hang: IHang | null | undefined, hangs: IHang[] | undefined, now?: number): boolean {
+  update(
+    hang: IHang | null | undefined,
+    hangs: IHang[] | undefined,
+    now?: number
+  ): boolean {
     this.hang = hang || null;
     const earlier = hangs || [];
     setData(this.node, {
@@ -222,7 +293,9 @@ export class HangCard {
     if (key !== this.key) {
       this.key = key;
       const open = new Set<string>();
-      this.node.querySelectorAll<HTMLDetailsElement>('details[open]').forEach(d => open.add(d.dataset.key || ''));
+      this.node
+        .querySelectorAll<HTMLDetailsElement>('details[open]')
+        .forEach(d => open.add(d.dataset.key || ''));
       const parts: Node[] = [];
       if (hang) {
         parts.push(renderNotice(hang, open, now));

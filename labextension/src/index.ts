@@ -9,7 +9,11 @@
  *   the newest state of a followed run; without it, the outputs'.
  */
 
-import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
 import { INotebookTracker } from '@jupyterlab/notebook';
 
 import { IKernelLike, ILiveRuns, LiveRuns } from './live';
@@ -31,21 +35,29 @@ export interface IContextLike {
  * A new notebook's outputs get the live renderer: its panels open their comms on this notebook's kernel (the one
  * its session has when a panel connects).
  */
-export function followInNotebook(panel: INotebookLike, context: IContextLike, runs: ILiveRuns): void {
-  const kernel = () => (context.sessionContext.session?.kernel as IKernelLike | null | undefined) ?? null;
+export function followInNotebook(
+  panel: INotebookLike,
+  context: IContextLike,
+  runs: ILiveRuns
+): void {
+  const kernel = () =>
+    (context.sessionContext.session?.kernel as
+      IKernelLike | null | undefined) ?? null;
   addLiveFactory(panel.content.rendermime, { runs, kernel });
 }
 
 const livePlugin: JupyterFrontEndPlugin<ILiveRuns> = {
   id: 'notebook-launcher-panel:live',
-  description: 'Follows running notebook_launcher runs over their comms: the live run panel in notebooks.',
+  description:
+    'Follows running notebook_launcher runs over their comms: the live run panel in notebooks.',
   autoStart: true,
   provides: ILiveRuns,
   activate: (app: JupyterFrontEnd): ILiveRuns => {
     const runs = new LiveRuns();
     // a widget extension runs as each notebook panel is made, before its outputs are rendered
     app.docRegistry.addWidgetExtension(NOTEBOOK, {
-      createNew: (panel, context) => followInNotebook(panel as unknown as INotebookLike, context, runs)
+      createNew: (panel, context) =>
+        followInNotebook(panel as unknown as INotebookLike, context, runs)
     });
     return runs;
   }
@@ -53,12 +65,17 @@ const livePlugin: JupyterFrontEndPlugin<ILiveRuns> = {
 
 const sidebarPlugin: JupyterFrontEndPlugin<void> = {
   id: 'notebook-launcher-panel:sidebar',
-  description: 'The "Runs" sidebar: every notebook_launcher run in the open notebooks.',
+  description:
+    'The "Runs" sidebar: every notebook_launcher run in the open notebooks.',
   autoStart: true,
   requires: [INotebookTracker],
   optional: [ILiveRuns, ILayoutRestorer],
-  activate: (app: JupyterFrontEnd, tracker: INotebookTracker, live: ILiveRuns | null,
-    restorer: ILayoutRestorer | null) => {
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker,
+    live: ILiveRuns | null,
+    restorer: ILayoutRestorer | null
+  ) => {
     const sidebar = new RunsSidebar(tracker, app.shell, live);
     app.shell.add(sidebar, 'left', { rank: 700 });
     restorer?.add(sidebar, SIDEBAR_ID);

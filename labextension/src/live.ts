@@ -40,7 +40,8 @@ export function unpack(msg: ICommMessage): LiveMessage {
   const data = msg.content.data as { packed?: string } | null;
   const buffer = msg.buffers?.[0];
   if (data && data.packed === 'json' && buffer) {
-    const bytes = ArrayBuffer.isView(buffer) ? new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
+    const bytes = ArrayBuffer.isView(buffer)
+      ? new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
       : new Uint8Array(buffer);
     try {
       return JSON.parse(new TextDecoder().decode(bytes)) as LiveMessage;
@@ -135,7 +136,12 @@ class Follow {
       this.askedFull = false;
       this.set({ ...message.state, seq: message.seq });
     } else if (message.type === 'delta') {
-      if (!this.state || !this.caps || !this.live || message.base !== this.state.seq) {
+      if (
+        !this.state ||
+        !this.caps ||
+        !this.live ||
+        message.base !== this.state.seq
+      ) {
         this.askFull(); // missed one (or joined mid-way): the whole state again
         return;
       }
@@ -152,7 +158,11 @@ class Follow {
 
   /** A MIME output of this run: what to show, the output or the newer live state. */
   offer(payload: LiveRun): LiveRun {
-    if (this.live && this.state && (this.state.seq ?? 0) >= (payload.seq ?? 0)) {
+    if (
+      this.live &&
+      this.state &&
+      (this.state.seq ?? 0) >= (payload.seq ?? 0)
+    ) {
       return this.state;
     }
     this.state = payload;
@@ -248,7 +258,13 @@ export class LiveLink {
   /** Open the comm if the run is live and none is open (again once the output is in the page). */
   connect(): void {
     const follow = this.follow;
-    if (!follow || !follow.state || follow.comm || !this.node || !isRunning(follow.state)) {
+    if (
+      !follow ||
+      !follow.state ||
+      follow.comm ||
+      !this.node ||
+      !isRunning(follow.state)
+    ) {
       return;
     }
     const kernel = this.find(this.node);

@@ -16,7 +16,9 @@ export const RANK = 0;
  * finds; without, it shows the output as it is. Safe: the renderer only ever inserts text, so it also renders
  * in untrusted notebooks.
  */
-export function createRendererFactory(live?: ILiveOptions): IRenderMime.IRendererFactory {
+export function createRendererFactory(
+  live?: ILiveOptions
+): IRenderMime.IRendererFactory {
   return {
     safe: true,
     mimeTypes: [MIME_TYPE],
@@ -34,7 +36,10 @@ export interface IFactoryRegistry {
 }
 
 /** Give a notebook's registry the live renderer factory (replacing the plain one for this MIME type there). */
-export function addLiveFactory(registry: IFactoryRegistry, live: ILiveOptions): void {
+export function addLiveFactory(
+  registry: IFactoryRegistry,
+  live: ILiveOptions
+): void {
   registry.addFactory(createRendererFactory(live), RANK);
 }
 

@@ -20,7 +20,16 @@ import { RankGrid } from './grid';
 import { renderBalance } from './balance';
 import { HangCard } from './hang';
 import { ILiveOptions, LiveLink } from './live';
-import { IFailure, IOomRetry, IRank, IRun, IShapeMismatch, ISummary, ITrigger, MIME_TYPE } from './schema';
+import {
+  IFailure,
+  IOomRetry,
+  IRank,
+  IRun,
+  IShapeMismatch,
+  ISummary,
+  ITrigger,
+  MIME_TYPE
+} from './schema';
 
 /** Above this many ranks the panel shows the grid (grid.ts), not one column per rank. */
 export const GRID_ABOVE = 8;
@@ -53,13 +62,16 @@ export class RunView {
    * out of it, which resets scroll positions: re-pin a column whenever its box gets (re)laid out.
    */
   private readonly resizes =
-    typeof ResizeObserver === 'undefined' ? null : new ResizeObserver(entries => this.onResize(entries));
+    typeof ResizeObserver === 'undefined'
+      ? null
+      : new ResizeObserver(entries => this.onResize(entries));
 
   constructor() {
     this.layoutToggle.type = 'button';
     this.layoutBar.append(this.savedNote, this.layoutToggle);
     this.layoutToggle.addEventListener('click', () => {
-      this.layout = this.layoutToggle.dataset.layout === 'grid' ? 'columns' : 'grid';
+      this.layout =
+        this.layoutToggle.dataset.layout === 'grid' ? 'columns' : 'grid';
       if (this.lastRun) {
         this.update(this.lastRun);
       }
@@ -82,14 +94,19 @@ export class RunView {
    */
   private startClock(run: IRun): void {
     this.stopClock();
-    if ((run.status !== 'running' && run.status !== 'starting') || typeof run.elapsed !== 'number') {
+    if (
+      (run.status !== 'running' && run.status !== 'starting') ||
+      typeof run.elapsed !== 'number'
+    ) {
       return;
     }
     const base = run.elapsed;
     const received = Date.now();
     this.clock = setInterval(() => {
       const since = (Date.now() - received) / 1000;
-      const field = this.header.querySelector<HTMLElement>('[data-field="elapsed"]');
+      const field = this.header.querySelector<HTMLElement>(
+        '[data-field="elapsed"]'
+      );
       if (since > CLOCK_LIMIT_S || !field) {
         this.stopClock();
         return;
@@ -108,25 +125,46 @@ export class RunView {
 
   /** Render a new state of the run, touching only what changed. */
   update(run: IRun): void {
-    setData(this.node, { status: run.status || 'unknown', runId: run.run_id, attempt: run.attempt });
-    this.section(this.header, 'header', headerKey(run), () => renderHeader(run));
+    setData(this.node, {
+      status: run.status || 'unknown',
+      runId: run.run_id,
+      attempt: run.attempt
+    });
+    this.section(this.header, 'header', headerKey(run), () =>
+      renderHeader(run)
+    );
     this.startClock(run);
     const failure = run.failure || null;
-    this.section(this.failure, 'failure', JSON.stringify(failure), () => renderFailure(failure));
+    this.section(this.failure, 'failure', JSON.stringify(failure), () =>
+      renderFailure(failure)
+    );
     setData(this.failure, { kind: failure?.kind, rank: failure?.rank });
     const hang = this.hang.update(run.hang, run.hangs, run.elapsed);
     const mismatches = run.shape_mismatches || [];
     const retried = (run.attempt || 1) > 1;
-    this.section(this.mismatches, 'mismatches', JSON.stringify([mismatches, retried]), () =>
-      mismatches.map(m => renderMismatch(m, retried))
+    this.section(
+      this.mismatches,
+      'mismatches',
+      JSON.stringify([mismatches, retried]),
+      () => mismatches.map(m => renderMismatch(m, retried))
     );
     const oom = run.oom_retries || [];
     this.section(this.oom, 'oom', JSON.stringify(oom), () => renderOom(oom));
     const triggers = run.triggers || [];
-    this.section(this.triggers, 'triggers', JSON.stringify([triggers, retried]), () => renderTriggers(triggers, retried));
+    this.section(
+      this.triggers,
+      'triggers',
+      JSON.stringify([triggers, retried]),
+      () => renderTriggers(triggers, retried)
+    );
     const balance = run.balance || null;
-    this.section(this.balance, 'balance', JSON.stringify(balance), () => renderBalance(balance));
-    setData(this.balance, { straggler: balance?.straggler ?? null, final: balance ? String(!!balance.final) : null });
+    this.section(this.balance, 'balance', JSON.stringify(balance), () =>
+      renderBalance(balance)
+    );
+    setData(this.balance, {
+      straggler: balance?.straggler ?? null,
+      final: balance ? String(!!balance.final) : null
+    });
     this.placeSections([
       [this.header, true],
       [this.failure, !!failure],
@@ -140,7 +178,12 @@ export class RunView {
   }
 
   /** Rebuild a section's children when its key changed. */
-  private section(node: HTMLElement, name: string, key: string, build: () => Node[] | null): void {
+  private section(
+    node: HTMLElement,
+    name: string,
+    key: string,
+    build: () => Node[] | null
+  ): void {
     if (this.keys.get(name) === key) {
       return;
     }
@@ -171,7 +214,9 @@ export class RunView {
   private updateRanks(run: IRun): void {
     this.lastRun = run;
     const ranks = run.ranks || [];
-    const grid = this.layout === 'grid' || (this.layout === 'auto' && ranks.length > GRID_ABOVE);
+    const grid =
+      this.layout === 'grid' ||
+      (this.layout === 'auto' && ranks.length > GRID_ABOVE);
     this.layoutToggle.dataset.layout = grid ? 'grid' : 'columns';
     this.layoutToggle.textContent = grid ? 'show columns' : 'show grid';
     this.layoutToggle.hidden = ranks.length < 2;
@@ -187,7 +232,10 @@ export class RunView {
       return;
     }
     this.grid.node.replaceWith(this.ranks);
-    this.ranks.style.setProperty('--nl-cols', String(Math.max(1, ranks.length)));
+    this.ranks.style.setProperty(
+      '--nl-cols',
+      String(Math.max(1, ranks.length))
+    );
     this.ranks.dataset.count = String(ranks.length);
     const domains = this.domains(ranks);
 
@@ -201,7 +249,9 @@ export class RunView {
         this.rankViews.set(rank.rank, view);
         this.resizes?.observe(view.lines);
       }
-      const wanted: ChildNode | null = previous ? previous.nextSibling : this.ranks.firstChild;
+      const wanted: ChildNode | null = previous
+        ? previous.nextSibling
+        : this.ranks.firstChild;
       if (view.node !== wanted) {
         this.ranks.insertBefore(view.node, wanted);
       }
@@ -221,7 +271,9 @@ export class RunView {
   private domains(ranks: IRank[]): [string, IDomain | null][] {
     const metric = chartMetric(ranks);
     return [
-      ...(metric ? [[metric, seriesDomain(ranks, metric)] as [string, IDomain | null]] : []),
+      ...(metric
+        ? [[metric, seriesDomain(ranks, metric)] as [string, IDomain | null]]
+        : []),
       [STEP_TIME, seriesDomain(ranks, STEP_TIME)]
     ];
   }
@@ -258,9 +310,14 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   private readonly view = new RunView();
   private readonly link: LiveLink | null;
 
-  constructor(_options?: IRenderMime.IRendererOptions, live?: ILiveOptions | null) {
+  constructor(
+    _options?: IRenderMime.IRendererOptions,
+    live?: ILiveOptions | null
+  ) {
     super();
-    this.link = live ? live.runs.link(run => this.view.update(run), live.kernel) : null;
+    this.link = live
+      ? live.runs.link(run => this.view.update(run), live.kernel)
+      : null;
     this.addClass('nl-run-widget');
     this.node.appendChild(this.view.node);
   }
@@ -302,8 +359,21 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
 
 /** The header changes on each update anyway (elapsed), so its key is simply its data (and the ranks' rows). */
 function headerKey(run: IRun): string {
-  const { ranks, shape_mismatches, oom_retries, triggers, failure, hang, hangs, ...rest } = run;
-  const rows = (ranks || []).map(rank => [rank.rank, rank.status, rank.summary]);
+  const {
+    ranks,
+    shape_mismatches,
+    oom_retries,
+    triggers,
+    failure,
+    hang,
+    hangs,
+    ...rest
+  } = run;
+  const rows = (ranks || []).map(rank => [
+    rank.rank,
+    rank.status,
+    rank.summary
+  ]);
   return JSON.stringify([rest, rows, toldBelow(run)]);
 }
 
@@ -313,7 +383,8 @@ function headerKey(run: IRun): string {
  * section).
  */
 export function toldBelow(run: IRun): { verdict: boolean; balance: boolean } {
-  const verdict = !!run.failure || !!run.hang?.live || (run.oom_retries || []).length > 0;
+  const verdict =
+    !!run.failure || !!run.hang?.live || (run.oom_retries || []).length > 0;
   return { verdict, balance: !!run.balance };
 }
 
@@ -325,7 +396,10 @@ export function toldBelow(run: IRun): { verdict: boolean; balance: boolean } {
 export function renderSummary(
   summary: ISummary | null | undefined,
   ranks: IRank[],
-  told: { verdict: boolean; balance: boolean } = { verdict: false, balance: false }
+  told: { verdict: boolean; balance: boolean } = {
+    verdict: false,
+    balance: false
+  }
 ): HTMLElement | null {
   if (!summary || !summary.title) {
     return null;
@@ -341,9 +415,16 @@ export function renderSummary(
   if (ranks.length && ranks.length <= GRID_ABOVE) {
     const table = h('table', 'nl-summary-rows');
     const head = h('tr');
-    ['rank', 'status', 'step', 's/step', 'ETA', 'warnings', 'errors', 'last line'].forEach(name =>
-      head.appendChild(h('th', '', name))
-    );
+    [
+      'rank',
+      'status',
+      'step',
+      's/step',
+      'ETA',
+      'warnings',
+      'errors',
+      'last line'
+    ].forEach(name => head.appendChild(h('th', '', name)));
     table.appendChild(h('thead')).appendChild(head);
     const body = table.appendChild(h('tbody'));
     for (const rank of ranks) {
@@ -359,14 +440,17 @@ export function renderSummary(
         String(row.warnings || 0),
         String(row.errors || 0),
         row.last || ''
-      ].forEach((cell, index) => tr.appendChild(h('td', index === 7 ? 'nl-summary-last' : '', cell)));
+      ].forEach((cell, index) =>
+        tr.appendChild(h('td', index === 7 ? 'nl-summary-last' : '', cell))
+      );
       body.appendChild(tr);
     }
     box.appendChild(table);
   }
-  const foot = [told.balance ? null : summary.balance, summary.inspect ? `whole log: ${summary.inspect}` : null].filter(
-    Boolean
-  );
+  const foot = [
+    told.balance ? null : summary.balance,
+    summary.inspect ? `whole log: ${summary.inspect}` : null
+  ].filter(Boolean);
   if (foot.length) {
     box.appendChild(h('div', 'nl-summary-foot', foot.join(' · ')));
   }
@@ -375,7 +459,10 @@ export function renderSummary(
 
 function renderHeader(run: IRun): Node[] {
   const top = h('div', 'nl-header-top');
-  top.append(badge(run.status, 'nl-status'), h('span', 'nl-run-id', run.run_id || ''));
+  top.append(
+    badge(run.status, 'nl-status'),
+    h('span', 'nl-run-id', run.run_id || '')
+  );
   const fields = h('div', 'nl-fields');
   const ranks =
     run.world_size && run.num_processes && run.world_size !== run.num_processes
@@ -385,10 +472,21 @@ function renderHeader(run: IRun): Node[] {
     ['ranks', ranks],
     ['device', run.device ?? null],
     ['backend', run.backend ?? null],
-    ['start-method', run.start_method ? `start method ${run.start_method}` : null],
+    [
+      'start-method',
+      run.start_method ? `start method ${run.start_method}` : null
+    ],
     ['elapsed', formatElapsed(run.elapsed) || null],
-    ['attempt', typeof run.attempt === 'number' && run.attempt > 1 ? `attempt ${run.attempt}` : null],
-    ['batch-size', typeof run.batch_size === 'number' ? `batch size ${run.batch_size}` : null],
+    [
+      'attempt',
+      typeof run.attempt === 'number' && run.attempt > 1
+        ? `attempt ${run.attempt}`
+        : null
+    ],
+    [
+      'batch-size',
+      typeof run.batch_size === 'number' ? `batch size ${run.batch_size}` : null
+    ],
     ['result', run.result?.type ? `returned ${run.result.type}` : null]
   ];
   for (const [name, value] of values) {
@@ -413,7 +511,11 @@ function renderHeader(run: IRun): Node[] {
 }
 
 function failureTitle(failure: IFailure): string {
-  const verdict = (failure.verdict || '').split('\n').map(line => line.trim()).filter(Boolean).join(' ');
+  const verdict = (failure.verdict || '')
+    .split('\n')
+    .map(line => line.trim())
+    .filter(Boolean)
+    .join(' ');
   if (verdict) {
     return verdict;
   }
@@ -425,7 +527,10 @@ function failureTitle(failure: IFailure): string {
     case 'interrupted':
       return 'Interrupted';
     default: {
-      const who = typeof failure.rank === 'number' ? `Rank ${failure.rank} failed` : 'Failed';
+      const who =
+        typeof failure.rank === 'number'
+          ? `Rank ${failure.rank} failed`
+          : 'Failed';
       return failure.type ? `${who}: ${failure.type}` : who;
     }
   }
@@ -443,45 +548,81 @@ function renderFailure(failure: IFailure | null): Node[] | null {
   if (failure.message) {
     out.push(h('pre', 'nl-failure-message', failure.message));
   }
-  const stacks = Object.entries(failure.stacks || {}).sort(([a], [b]) => Number(a) - Number(b));
+  const stacks = Object.entries(failure.stacks || {}).sort(
+    ([a], [b]) => Number(a) - Number(b)
+  );
   for (const [rank, stack] of stacks) {
     const box = h('div', 'nl-stack');
     box.dataset.rank = rank;
-    box.append(h('div', 'nl-label', `rank ${rank}'s Python stack`), h('pre', 'nl-stack-text', stack));
+    box.append(
+      h('div', 'nl-label', `rank ${rank}'s Python stack`),
+      h('pre', 'nl-stack-text', stack)
+    );
     out.push(box);
   }
   return out;
 }
 
 function formatShape(shape: unknown): string {
-  return Array.isArray(shape) ? `[${shape.join(', ')}]` : shape === undefined || shape === null ? '' : JSON.stringify(shape);
+  return Array.isArray(shape)
+    ? `[${shape.join(', ')}]`
+    : shape === undefined || shape === null
+      ? ''
+      : JSON.stringify(shape);
 }
 
 /** One card per mismatch: a table of what each process called; rows whose shape differs from most are marked. */
-function renderMismatch(mismatch: IShapeMismatch, retried: boolean): HTMLElement {
+function renderMismatch(
+  mismatch: IShapeMismatch,
+  retried: boolean
+): HTMLElement {
   const card = h('div', 'nl-mismatch nl-card');
   setData(card, { attempt: mismatch.attempt });
-  const title = h('div', 'nl-card-title', `Shape mismatch in ${mismatch.operation || 'a collective'}`);
+  const title = h(
+    'div',
+    'nl-card-title',
+    `Shape mismatch in ${mismatch.operation || 'a collective'}`
+  );
   if (typeof mismatch.t === 'number') {
-    title.appendChild(h('span', 'nl-time', ` at ${formatElapsed(mismatch.t)}${attemptNote(mismatch.attempt, retried)}`));
+    title.appendChild(
+      h(
+        'span',
+        'nl-time',
+        ` at ${formatElapsed(mismatch.t)}${attemptNote(mismatch.attempt, retried)}`
+      )
+    );
   }
   card.appendChild(title);
   const processes = mismatch.processes || [];
   const counts = new Map<string, number>();
-  processes.forEach(p => counts.set(formatShape(p.shape), (counts.get(formatShape(p.shape)) || 0) + 1));
+  processes.forEach(p =>
+    counts.set(
+      formatShape(p.shape),
+      (counts.get(formatShape(p.shape)) || 0) + 1
+    )
+  );
   const common = [...counts.entries()].sort((a, b) => b[1] - a[1])[0]?.[0];
   const table = h('table', 'nl-table');
   const headRow = h('tr');
-  ['process', 'operation', 'shape', 'dtype', 'call site'].forEach(name => headRow.appendChild(h('th', '', name)));
+  ['process', 'operation', 'shape', 'dtype', 'call site'].forEach(name =>
+    headRow.appendChild(h('th', '', name))
+  );
   table.appendChild(h('thead')).appendChild(headRow);
   const body = table.appendChild(h('tbody'));
   for (const p of processes) {
     const row = h('tr');
     const shape = formatShape(p.shape);
-    setData(row, { rank: p.rank, differs: counts.size > 1 && shape !== common ? 'true' : null });
-    [`rank ${p.rank}`, p.operation || '', shape, p.dtype || '', p.call_site || ''].forEach(cell =>
-      row.appendChild(h('td', '', cell))
-    );
+    setData(row, {
+      rank: p.rank,
+      differs: counts.size > 1 && shape !== common ? 'true' : null
+    });
+    [
+      `rank ${p.rank}`,
+      p.operation || '',
+      shape,
+      p.dtype || '',
+      p.call_site || ''
+    ].forEach(cell => row.appendChild(h('td', '', cell)));
     body.appendChild(row);
   }
   card.appendChild(table);
@@ -499,13 +640,26 @@ function ranksText(ranks: number[] | undefined): string {
 
 /** Out-of-memory retries, amber: each a step down in batch size that every rank retried at, with its error. */
 function renderOom(retries: IOomRetry[]): Node[] {
-  const out: Node[] = [h('div', 'nl-section-title', 'Out of memory: retried at a smaller batch size')];
+  const out: Node[] = [
+    h(
+      'div',
+      'nl-section-title',
+      'Out of memory: retried at a smaller batch size'
+    )
+  ];
   for (const retry of retries) {
     const row = h('div', 'nl-oom-row');
-    setData(row, { batchSize: retry.batch_size, newBatchSize: retry.new_batch_size });
+    setData(row, {
+      batchSize: retry.batch_size,
+      newBatchSize: retry.new_batch_size
+    });
     row.append(
       h('span', 'nl-time', formatElapsed(retry.t)),
-      h('span', 'nl-oom-sizes', `batch size ${retry.batch_size ?? '?'} → retried at batch size ${retry.new_batch_size ?? '?'}`),
+      h(
+        'span',
+        'nl-oom-sizes',
+        `batch size ${retry.batch_size ?? '?'} → retried at batch size ${retry.new_batch_size ?? '?'}`
+      ),
       h('span', 'nl-oom-ranks', `out of memory on ${ranksText(retry.ranks)}`),
       h('span', 'nl-oom-error', retry.error || '')
     );
@@ -523,10 +677,13 @@ function renderTriggers(triggers: ITrigger[], retried: boolean): Node[] {
   const list = h('ul', 'nl-trigger-list');
   for (const trigger of triggers) {
     const when = `${formatElapsed(trigger.t)}${attemptNote(trigger.attempt, retried)}`;
-    const item = h('li', 'nl-trigger', `rank ${trigger.rank} at ${when}: ${trigger.call_site || ''}`);
+    const item = h(
+      'li',
+      'nl-trigger',
+      `rank ${trigger.rank} at ${when}: ${trigger.call_site || ''}`
+    );
     setData(item, { rank: trigger.rank, attempt: trigger.attempt });
     list.appendChild(item);
   }
   return [h('div', 'nl-section-title', 'Triggers (set_trigger)'), list];
 }
-

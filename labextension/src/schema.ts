@@ -30,7 +30,8 @@ export type RankStatus =
 export type FailureKind = 'failure' | 'hang' | 'timeout' | 'interrupted';
 
 /** Where a hang notice places a rank (`hang.ranks[...].state`; the watchdog's words). */
-export type HangRankState = 'waiting' | 'in_ddp' | 'busy' | 'finished' | 'exited';
+export type HangRankState =
+  'waiting' | 'in_ddp' | 'busy' | 'finished' | 'exited';
 
 /** A line's `kind`. */
 /** `retry`: an out-of-memory retry on this rank; `attempt`: the divider where a new attempt starts. */

@@ -12,7 +12,13 @@ import { Throttler } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { badge, h, setData } from './dom';
-import { formatElapsed, formatProgress, progressFraction, rankCounts, slowestProgress } from './format';
+import {
+  formatElapsed,
+  formatProgress,
+  progressFraction,
+  rankCounts,
+  slowestProgress
+} from './format';
 import type { ILiveRuns } from './live';
 import { IRun, MIME_TYPE } from './schema';
 
@@ -42,7 +48,10 @@ interface IFoundRun {
  * Find every run payload in the code cells' outputs of the open notebooks, in notebook and cell order (each
  * run as `live` has it, where that is newer).
  */
-export function findRuns(tracker: INotebookTracker, live: ILiveRuns | null = null): IFoundRun[] {
+export function findRuns(
+  tracker: INotebookTracker,
+  live: ILiveRuns | null = null
+): IFoundRun[] {
   const found: IFoundRun[] = [];
   const seen = new Set<string>();
   tracker.forEach(panel => {
@@ -63,7 +72,8 @@ export function findRuns(tracker: INotebookTracker, live: ILiveRuns | null = nul
         }
         // a panel following the run over its comm has a newer state than the output (refreshed rarely)
         const state = live?.liveState(saved.run_id);
-        const run = state && (state.seq ?? 0) >= (saved.seq ?? 0) ? state : saved;
+        const run =
+          state && (state.seq ?? 0) >= (saved.seq ?? 0) ? state : saved;
         const key = `${panel.id}:${run.run_id ?? `${cell.id}:${j}`}`;
         if (!seen.has(key)) {
           seen.add(key);
@@ -78,11 +88,21 @@ export function findRuns(tracker: INotebookTracker, live: ILiveRuns | null = nul
 /** The sidebar widget: `.nl-sidebar` with one `.nl-sidebar-run` per run. */
 export class RunsSidebar extends Widget {
   private readonly list = h('ul', 'nl-sidebar-list');
-  private readonly empty = h('div', 'nl-sidebar-empty', 'No runs in the open notebooks.');
-  private readonly items = new Map<string, { node: HTMLLIElement; key: string }>();
+  private readonly empty = h(
+    'div',
+    'nl-sidebar-empty',
+    'No runs in the open notebooks.'
+  );
+  private readonly items = new Map<
+    string,
+    { node: HTMLLIElement; key: string }
+  >();
   private found = new Map<string, IFoundRun>();
   /** Many signals in a burst cost one rescan, RESCAN_MS after the first. */
-  private readonly rescan = new Throttler(() => this.refresh(), { limit: RESCAN_MS, edge: 'trailing' });
+  private readonly rescan = new Throttler(() => this.refresh(), {
+    limit: RESCAN_MS,
+    edge: 'trailing'
+  });
 
   constructor(
     private readonly tracker: INotebookTracker,
@@ -94,7 +114,11 @@ export class RunsSidebar extends Widget {
     this.addClass('nl-sidebar');
     this.title.icon = runsIcon;
     this.title.caption = 'Runs';
-    this.node.append(h('div', 'nl-sidebar-title', 'Runs'), this.empty, this.list);
+    this.node.append(
+      h('div', 'nl-sidebar-title', 'Runs'),
+      this.empty,
+      this.list
+    );
     this.list.addEventListener('click', event => this.onActivate(event));
     this.list.addEventListener('keydown', event => {
       if (event.key === 'Enter' || event.key === ' ') {
@@ -116,7 +140,11 @@ export class RunsSidebar extends Widget {
   /** Rescan soon; many signals in a burst cost one rescan. */
   schedule(): void {
     if (!this.isDisposed) {
-      this.rescan.invoke().catch(reason => console.error('notebook-launcher-panel: the Runs list', reason));
+      this.rescan
+        .invoke()
+        .catch(reason =>
+          console.error('notebook-launcher-panel: the Runs list', reason)
+        );
     }
   }
 
@@ -139,7 +167,9 @@ export class RunsSidebar extends Widget {
         item.key = dataKey;
         renderEntry(item.node, found);
       }
-      const wanted: ChildNode | null = previous ? previous.nextSibling : this.list.firstChild;
+      const wanted: ChildNode | null = previous
+        ? previous.nextSibling
+        : this.list.firstChild;
       if (item.node !== wanted) {
         this.list.insertBefore(item.node, wanted);
       }
@@ -162,7 +192,10 @@ export class RunsSidebar extends Widget {
         const cell = cells.get(i);
         if (cell.type === 'code') {
           (cell as ICodeCellModel).outputs.changed.connect(this.schedule, this);
-          (cell as ICodeCellModel).outputs.stateChanged.connect(this.schedule, this);
+          (cell as ICodeCellModel).outputs.stateChanged.connect(
+            this.schedule,
+            this
+          );
         }
       }
       this.schedule();
@@ -178,7 +211,9 @@ export class RunsSidebar extends Widget {
 
   /** Show the run's notebook and scroll its cell into view. */
   private onActivate(event: Event): void {
-    const node = (event.target as HTMLElement).closest<HTMLElement>('.nl-sidebar-run');
+    const node = (event.target as HTMLElement).closest<HTMLElement>(
+      '.nl-sidebar-run'
+    );
     const found = node ? this.found.get(node.dataset.key || '') : undefined;
     if (!found || found.panel.isDisposed) {
       return;
@@ -197,7 +232,9 @@ export class RunsSidebar extends Widget {
     if (widget) {
       panel.content.activeCellIndex = index;
       // After activation, so the notebook has a layout to scroll in.
-      requestAnimationFrame(() => void panel.content.scrollToCell(widget, 'start'));
+      requestAnimationFrame(
+        () => void panel.content.scrollToCell(widget, 'start')
+      );
     }
   }
 }
@@ -216,11 +253,29 @@ function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
     hang: run.hang?.live ? 'live' : null
   });
   const top = h('div', 'nl-sidebar-run-top');
-  top.append(badge(run.status, 'nl-status'), h('span', 'nl-sidebar-run-id', run.run_id || '(no id)'));
+  top.append(
+    badge(run.status, 'nl-status'),
+    h('span', 'nl-sidebar-run-id', run.run_id || '(no id)')
+  );
   const name = panel.context.path.split('/').pop() || panel.context.path;
-  const meta = h('div', 'nl-sidebar-run-meta', [name, formatElapsed(run.elapsed)].filter(Boolean).join(' · '));
-  const parts = [`${counts.running || 0} running`, `${counts.failed || 0} failed`, `${counts.stuck || 0} stuck`];
-  for (const status of ['waiting', 'busy', 'in DDP', 'starting', 'finished', 'stopped']) {
+  const meta = h(
+    'div',
+    'nl-sidebar-run-meta',
+    [name, formatElapsed(run.elapsed)].filter(Boolean).join(' · ')
+  );
+  const parts = [
+    `${counts.running || 0} running`,
+    `${counts.failed || 0} failed`,
+    `${counts.stuck || 0} stuck`
+  ];
+  for (const status of [
+    'waiting',
+    'busy',
+    'in DDP',
+    'starting',
+    'finished',
+    'stopped'
+  ]) {
     if (counts[status]) {
       parts.push(`${counts[status]} ${status}`);
     }
@@ -237,8 +292,15 @@ function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
     const bar = box.appendChild(h('div', 'nl-progress-bar'));
     const fraction = progressFraction(progress);
     bar.classList.toggle('nl-indeterminate', fraction === null);
-    bar.appendChild(h('div', 'nl-progress-fill')).style.width = fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
-    box.appendChild(h('div', 'nl-progress-text', formatProgress({ step: progress.step, total: progress.total })));
+    bar.appendChild(h('div', 'nl-progress-fill')).style.width =
+      fraction === null ? '100%' : `${(fraction * 100).toFixed(1)}%`;
+    box.appendChild(
+      h(
+        'div',
+        'nl-progress-text',
+        formatProgress({ step: progress.step, total: progress.total })
+      )
+    );
     children.push(box);
   }
   node.replaceChildren(...children);
@@ -247,8 +309,21 @@ function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
 /** What an entry shows, so a run's many lines do not make each rescan costly. */
 function entryKey(found: IFoundRun): string {
   const run = found.run;
-  const ranks = (run.ranks || []).map(rank => [rank.status, rank.progress?.step, rank.progress?.total,
-    rank.progress?.step_time, rank.progress?.metrics]);
-  return JSON.stringify([run.run_id, run.status, run.elapsed, run.attempt, run.hang?.live, run.failure?.kind, ranks,
-    found.panel.context.path]);
+  const ranks = (run.ranks || []).map(rank => [
+    rank.status,
+    rank.progress?.step,
+    rank.progress?.total,
+    rank.progress?.step_time,
+    rank.progress?.metrics
+  ]);
+  return JSON.stringify([
+    run.run_id,
+    run.status,
+    run.elapsed,
+    run.attempt,
+    run.hang?.live,
+    run.failure?.kind,
+    ranks,
+    found.panel.context.path
+  ]);
 }

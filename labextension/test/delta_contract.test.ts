@@ -26,20 +26,33 @@ interface IContract {
   version: number;
   scenarios: IScenario[];
   /** A run shown by PanelDisplay to a listening panel: each comm message as sent (data, first buffer as text). */
-  wire: { run_id: string; messages: { data: unknown; buffer: string | null }[]; final: LiveRun };
+  wire: {
+    run_id: string;
+    messages: { data: unknown; buffer: string | null }[];
+    final: LiveRun;
+  };
 }
 
-const path = process.env.NL_DELTA_CONTRACT || join(__dirname, 'fixtures', 'delta_contract.json');
+const path =
+  process.env.NL_DELTA_CONTRACT ||
+  join(__dirname, 'fixtures', 'delta_contract.json');
 const contract = JSON.parse(readFileSync(path, 'utf8')) as IContract;
-const deltas = contract.scenarios.reduce((count, scenario) => count + scenario.steps.length, 0);
+const deltas = contract.scenarios.reduce(
+  (count, scenario) => count + scenario.steps.length,
+  0
+);
 
 describe(`the kernel's deltas (${path})`, () => {
   it('are there to check', () => {
     expect(contract.version).toBe(1);
     expect(contract.scenarios.length).toBeGreaterThan(0);
-    expect(contract.scenarios.every(scenario => scenario.steps.length > 0)).toBe(true);
+    expect(
+      contract.scenarios.every(scenario => scenario.steps.length > 0)
+    ).toBe(true);
     expect(contract.wire.messages.length).toBeGreaterThan(1);
-    console.log(`delta contract: ${path}: ${deltas} deltas in ${contract.scenarios.length} scenarios`);
+    console.log(
+      `delta contract: ${path}: ${deltas} deltas in ${contract.scenarios.length} scenarios`
+    );
   });
 
   for (const scenario of contract.scenarios) {
@@ -48,19 +61,27 @@ describe(`the kernel's deltas (${path})`, () => {
       scenario.steps.forEach((step, index) => {
         const before = structuredClone(state);
         const next = applyDelta(state, step.delta, scenario.caps);
-        expect(next, `${scenario.name}, delta ${index + 1} (seq ${step.delta.seq})`).toStrictEqual(step.state);
+        expect(
+          next,
+          `${scenario.name}, delta ${index + 1} (seq ${step.delta.seq})`
+        ).toStrictEqual(step.state);
         expect(state).toStrictEqual(before); // the state it applied on is left as it was
         state = next;
       });
     });
   }
 
-  it('wire: the live panel, given the messages as the kernel packed them, ends with the run\'s last state', () => {
+  it("wire: the live panel, given the messages as the kernel packed them, ends with the run's last state", () => {
     const { run_id: runId, messages, final } = contract.wire;
     const comms: ICommLike[] = [];
     const kernel = {
       createComm: () => {
-        const comm: ICommLike = { open: () => undefined, send: () => undefined, onMsg: null, onClose: null };
+        const comm: ICommLike = {
+          open: () => undefined,
+          send: () => undefined,
+          onMsg: null,
+          onClose: null
+        };
         comms.push(comm);
         return comm;
       }
@@ -69,15 +90,24 @@ describe(`the kernel's deltas (${path})`, () => {
     const renderer = new RunRenderer(undefined, { runs, kernel: () => kernel });
     // the output as it was when the panel opened its comm: the full message's state
     const first = JSON.parse(messages[0].buffer as string);
-    void renderer.renderModel({ data: { [MIME_TYPE]: { ...first.state, seq: 0 } } } as never);
+    void renderer.renderModel({
+      data: { [MIME_TYPE]: { ...first.state, seq: 0 } }
+    } as never);
     expect(comms).toHaveLength(1);
     for (const { data, buffer } of messages) {
-      const buffers = buffer === null ? undefined : [new TextEncoder().encode(buffer).buffer];
+      const buffers =
+        buffer === null ? undefined : [new TextEncoder().encode(buffer).buffer];
       void comms[0].onMsg!({ content: { data }, buffers });
     }
     expect(runs.liveState(runId)).toStrictEqual(final);
-    const lines = [...renderer.node.querySelectorAll('.nl-rank[data-rank="0"] .nl-line .nl-text')];
-    expect(lines.map(node => node.textContent)).toEqual(final.ranks![0].lines!.map(line => line.text));
+    const lines = [
+      ...renderer.node.querySelectorAll(
+        '.nl-rank[data-rank="0"] .nl-line .nl-text'
+      )
+    ];
+    expect(lines.map(node => node.textContent)).toEqual(
+      final.ranks![0].lines!.map(line => line.text)
+    );
     renderer.dispose();
   });
 });

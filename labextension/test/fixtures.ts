@@ -2,7 +2,11 @@
 
 import type { ILine, IRank, IRun } from '../src/schema';
 
-export function line(n: number, text: string, extra: Partial<ILine> = {}): ILine {
+export function line(
+  n: number,
+  text: string,
+  extra: Partial<ILine> = {}
+): ILine {
   return { n, t: n / 10, kind: 'stdout', text, ...extra };
 }
 

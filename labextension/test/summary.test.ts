@@ -19,14 +19,26 @@ describe('the summary header', () => {
           inspect: 'inspect_run("r")'
         },
         ranks: [
-          rank(0, { status: 'waiting', summary: { step: '6/10', speed: '0.05 s/step', warnings: 2, last: XSS } }),
+          rank(0, {
+            status: 'waiting',
+            summary: {
+              step: '6/10',
+              speed: '0.05 s/step',
+              warnings: 2,
+              last: XSS
+            }
+          }),
           rank(1, { status: 'busy', summary: {} })
         ]
       })
     );
-    const box = view.node.querySelector('.nl-header .nl-summary') as HTMLElement;
+    const box = view.node.querySelector(
+      '.nl-header .nl-summary'
+    ) as HTMLElement;
     expect(box.dataset.verdict).toBe('hang');
-    expect(box.querySelector('.nl-summary-title')?.textContent).toBe('Possible hang: 12 s without progress');
+    expect(box.querySelector('.nl-summary-title')?.textContent).toBe(
+      'Possible hang: 12 s without progress'
+    );
     const rows = [...box.querySelectorAll('tbody tr')].map(row =>
       [...row.querySelectorAll('td')].map(cell => cell.textContent)
     );
@@ -35,7 +47,9 @@ describe('the summary header', () => {
       ['1', 'busy', '', '', '', '0', '0', '']
     ]);
     expect(box.querySelector('img')).toBeNull();
-    expect(box.querySelector('.nl-summary-foot')?.textContent).toBe('balanced: no straggler · whole log: inspect_run("r")');
+    expect(box.querySelector('.nl-summary-foot')?.textContent).toBe(
+      'balanced: no straggler · whole log: inspect_run("r")'
+    );
   });
 
   it('leaves the verdict to the card that tells it, and the balance to the Balance section', () => {
@@ -51,16 +65,33 @@ describe('the summary header', () => {
           balance: 'straggler: rank 1',
           inspect: 'inspect_run("r")'
         },
-        failure: { kind: 'failure', rank: 1, type: 'ValueError', verdict: 'Rank 1 failed first: ValueError: bad' },
-        balance: { straggler: 1, final: true, ranks: {}, summary: 'straggler: rank 1' },
+        failure: {
+          kind: 'failure',
+          rank: 1,
+          type: 'ValueError',
+          verdict: 'Rank 1 failed first: ValueError: bad'
+        },
+        balance: {
+          straggler: 1,
+          final: true,
+          ranks: {},
+          summary: 'straggler: rank 1'
+        },
         ranks: [rank(0, { status: 'stopped' }), rank(1, { status: 'failed' })]
       } as any)
     );
-    const box = view.node.querySelector('.nl-header .nl-summary') as HTMLElement;
+    const box = view.node.querySelector(
+      '.nl-header .nl-summary'
+    ) as HTMLElement;
     expect(box.querySelector('.nl-summary-title')).toBeNull();
     expect(box.querySelector('.nl-summary-detail')).toBeNull();
     expect(box.querySelectorAll('tbody tr').length).toBe(2);
-    expect(box.querySelector('.nl-summary-foot')?.textContent).toBe('whole log: inspect_run("r")');
-    expect(view.node.textContent?.split('Rank 1 failed first: ValueError: bad').length).toBe(2);
+    expect(box.querySelector('.nl-summary-foot')?.textContent).toBe(
+      'whole log: inspect_run("r")'
+    );
+    expect(
+      view.node.textContent?.split('Rank 1 failed first: ValueError: bad')
+        .length
+    ).toBe(2);
   });
 });

@@ -17,7 +17,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPUS = torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU on this machine")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU on this machine"), pytest.mark.processes]
 two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
 
 

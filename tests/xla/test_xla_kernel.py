@@ -8,6 +8,8 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
+pytestmark = pytest.mark.kernel
+
 PANEL_MIME = "application/vnd.notebook-launcher.run.v1+json"
 
 DEFINE = '''\

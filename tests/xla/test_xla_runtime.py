@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import time
 
-import psutil
 import pytest
 import torch
 import torch_xla  # noqa: E402 - this folder runs in the venv `make test-xla` builds (tests/conftest.py)
+from helpers.processes import no_children_left
 
 from notebook_launcher import LaunchArgumentError, LaunchTimeoutError, RankFailedError, last_run, notebook_launcher
+
+pytestmark = pytest.mark.processes
 
 ELEMENTS = 200_000
 
@@ -26,10 +28,6 @@ ELEMENTS = 200_000
 def two_cpu_devices(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     monkeypatch.setenv("CPU_NUM_DEVICES", "2")
-
-
-def no_children_left():
-    assert psutil.Process().children(recursive=True) == []
 
 
 def kernel_runtime_started() -> bool:

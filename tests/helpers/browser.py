@@ -12,37 +12,42 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
+import nbformat
 import psutil
+from nbformat.v4 import new_code_cell, new_notebook
+
+from helpers.processes import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
 SERVER_START_S = 90
-OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+REPO_ROOT = os.path.dirname(TESTS)
+OUTPUT_DIR = os.path.join(TESTS, "output")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def this_extension(env: dict) -> tuple[dict, str | None]:
-    """``env`` with JUPYTER_PATH naming first the extension built in this checkout
-    (notebook_launcher/labextension, made by ``pip install -e .`` or ``npm run build`` in labextension/), so the
-    server serves the code under test rather than an older copy installed in the environment."""
+def built_extension() -> str | None:
+    """The extension built in this checkout (notebook_launcher/labextension, made by ``pip install -e .`` or
+    ``npm run build`` in labextension/), None if it is not built."""
     import notebook_launcher
 
     built = os.path.join(os.path.dirname(os.path.abspath(notebook_launcher.__file__)), "labextension")
-    if not os.path.exists(os.path.join(built, "package.json")):
+    return built if os.path.exists(os.path.join(built, "package.json")) else None
+
+
+def this_extension(env: dict) -> tuple[dict, str | None]:
+    """``env`` with JUPYTER_PATH naming first the extension built in this checkout, so the server serves the code
+    under test rather than an older copy installed in the environment."""
+    built = built_extension()
+    if built is None:
         return env, None
     share = tempfile.mkdtemp(prefix="nl-jupyter-path-")
     os.makedirs(os.path.join(share, "labextensions"))
@@ -97,6 +102,13 @@ def jupyter_lab(root_dir, env: dict):
             shutil.rmtree(share, ignore_errors=True)
 
 
+def _notebook(path, cells) -> None:
+    notebook = new_notebook(cells=[new_code_cell(source) for source in cells],
+                            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                     "language": "python"}})
+    nbformat.write(notebook, str(path))
+
+
 @contextlib.contextmanager
 def chromium(profile_dir):
     """Debian's Chromium with a fresh profile, headless."""
@@ -146,7 +158,7 @@ def screenshot(page, name: str, selector: str | None = None) -> str:
     return path
 
 
-DOCS_SCREENSHOTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "screenshots")
+DOCS_SCREENSHOTS = os.path.join(REPO_ROOT, "docs", "screenshots")
 
 
 DOCS_COLOURS = 128  # text and flat colours: no pixel off by much (fast octree keeps rare colours), a third of the bytes

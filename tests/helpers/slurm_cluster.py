@@ -7,7 +7,7 @@ daemon by its pid (SIGTERM, then SIGKILL), cancels any job left, and checks that
 clients (srun, salloc, squeue, ...) find this cluster through ``env`` (SLURM_CONF), which the fixture puts in
 os.environ for the session.
 
-Run as a script (``python tests/slurm_cluster.py``) it starts the cluster, prints its SLURM_CONF and waits for
+Run as a script (``python tests/helpers/slurm_cluster.py``) it starts the cluster, prints its SLURM_CONF and waits for
 Ctrl-C: handy to try srun by hand.
 """
 
@@ -237,6 +237,43 @@ def _slurmstepd_of(directory: str) -> list[int]:
             continue
         found.append(int(pid))
     return found
+
+
+RESERVATION = "nl-test-hold"
+
+
+def _left_behind(cluster, wait_s: float = 30) -> list[str]:
+    """Processes (other than the daemons and this test) whose environment names the test cluster's config."""
+    daemons = {process.pid for process in cluster.processes.values()}
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if int(pid) in daemons or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as file:
+                    if cluster.conf.encode() not in file.read():
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as file:
+                    command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                with open(f"/proc/{pid}/stat") as file:
+                    if file.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue  # a zombie its parent is about to reap
+            except OSError:
+                continue
+            if command and "slurmstepd" not in command and "slurmscriptd" not in command:
+                found.append(f"{pid} {command}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def hold_the_nodes(cluster) -> None:
+    """A maintenance reservation over both nodes: a job asking for them pends (ReqNodeNotAvail)."""
+    done = cluster.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "Nodes=ALL",
+                        "StartTime=now", "Duration=30", "Users=nobody", "Flags=maint,ignore_jobs"])
+    assert done.returncode == 0, done.stderr
 
 
 if __name__ == "__main__":
