@@ -19,8 +19,7 @@ import time
 
 import psutil
 import pytest
-
-from tests.test_kernel import (
+from helpers.kernel import (
     PANEL_MIME,
     _assert_ok,
     _panel,
@@ -31,7 +30,7 @@ from tests.test_kernel import (
     running_kernel,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernel]  # kernels, and the runs they start
 GONE_S = 30
 RESULT_S = 120
 

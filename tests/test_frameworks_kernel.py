@@ -18,9 +18,9 @@ import signal
 
 import psutil
 import pytest
-from test_kernel import _assert_ok, _stream, _wait_until, run_cell, running_kernel
+from helpers.kernel import _assert_ok, _stream, _wait_until, run_cell, running_kernel
 
-pytestmark = pytest.mark.slow  # every test here starts a kernel
+pytestmark = [pytest.mark.slow, pytest.mark.kernel]  # kernels, and the runs they start
 
 RUN_TIMEOUT = 150  # a hang fails the cell with every rank's stacks, long before the cell's own bound
 CELL_TIMEOUT = 240

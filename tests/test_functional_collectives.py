@@ -12,7 +12,9 @@ import json
 import re
 
 import pytest
-from test_kernel import _assert_ok, _stream, run_cell, running_kernel
+from helpers.kernel import _assert_ok, _stream, run_cell, running_kernel
+
+pytestmark = [pytest.mark.slow, pytest.mark.kernel]  # every test here starts a kernel and a launch
 
 CELL_S = 150  # a cell's bound: a launch with torch.compile takes ~15 s here, more on a loaded machine
 

@@ -31,6 +31,7 @@ from helpers.kernel import (
     _result,
     _shell_reply,
     _stream,
+    _wait_until,
     run_cell,
     running_kernel,
 )
@@ -47,16 +48,6 @@ RUN_NOTEBOOK = os.path.join(REPO_ROOT, "scripts", "run_notebook.py")
 def _gone(pid: int) -> bool:
     """No process with this PID at all: not running, and not a zombie waiting to be reaped either."""
     return not os.path.exists(f"/proc/{pid}") and not psutil.pid_exists(pid)
-
-
-def _wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
 
 
 # -- (a) output of a launch, in a notebook executed by nbclient ----------------------------------------------------

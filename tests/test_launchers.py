@@ -55,6 +55,7 @@ def fail_on_rank_1():
     return "rank 0's"
 
 
+@pytest.mark.processes
 def test_a_mechanism_returns_how_the_launch_ended_and_writes_nothing_into_the_run(runs_dir):
     """LocalLauncher's real ranks fail: launch() returns the outcome (status, stop reason, failures, the error);
     the Run is as the driver made it until the driver records that outcome."""
@@ -77,6 +78,7 @@ def test_a_mechanism_returns_how_the_launch_ended_and_writes_nothing_into_the_ru
     assert psutil.Process().children(recursive=True) == []
 
 
+@pytest.mark.processes
 def test_the_driver_records_the_outcome_in_the_run_and_raises_its_error(runs_dir):
     with pytest.raises(RankFailedError) as caught:
         launch(make_plan(fail_on_rank_1, num_processes=2, device="cpu", start_method="fork"), display="text")

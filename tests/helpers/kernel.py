@@ -18,6 +18,17 @@ KERNEL_START_S = 60
 SHUTDOWN_S = 15
 
 
+def _wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
 @contextlib.contextmanager
 def running_kernel(cwd, env=None, output=None):
     """A python3 ipykernel (this interpreter) with its client; shut down and checked gone on exit. ``output``: a
