@@ -35,7 +35,9 @@ names the kind and the field. Fields a table does not name pass through unread (
              its data's values in ``RECORD_KEYS``' order, without the keys (``emit_record``)
 ``result``   data: ``{"type": <type name>, "bytes": <size>, "attachment_bytes", "pickle_bytes", "storages": [sizes]}``;
              attachment: the pickle, then the raw bytes of each tensor storage (``results.py``); or, for a value
-             not sent, ``{"type", "kept": False, "reason"}`` and no attachment
+             not sent, ``{"type", "kept": False, "reason"}`` and no attachment; with ``"in_memory": True`` (and
+             no ``attachment_bytes``) the same bytes are in the kernel's in-memory file for the rank
+             (``result_memory.py``) and there is no attachment; ``memory_failed``: why they are not
 ``failure``  data: ``{"type", "module", "message", "traceback", "exit_code"}``: the exception that ended the
              worker (the kernel also makes ``TruncatedEvent`` and ``CorruptEventStream`` failures)
 ``exit``     data: ``{"exit_code", "signal", "signal_name", "stopped_by_launcher"}`` (made by the kernel when it
@@ -190,7 +192,8 @@ DATA_SCHEMA = {
                     "exit_code": (int, None), "host": str, "thread": str}, required=("state",)),
     OUTPUT: Fields({"stream": OneOf(TEXT_STREAMS), "text": str}, required=("text",)),
     RESULT: Fields({"type": str, "bytes": int, "attachment_bytes": int, "pickle_bytes": int,
-                    "storages": ListOf(int, 1 << 24), "kept": bool, "reason": str}, required=("type",)),
+                    "storages": ListOf(int, 1 << 24), "kept": bool, "reason": str, "in_memory": bool,
+                    "memory_failed": str}, required=("type",)),
     FAILURE: Fields({"type": str, "module": (str, None), "message": str, "traceback": str, "exit_code": (int, None),
                      "all_ranks_raise": bool, "oom_retry": (OOM_REPORT, None)}, required=("type", "message")),
     # (a record of another shape than get_logger's: logging leaves funcName, lineno and the like None at times)
@@ -402,6 +405,7 @@ class WorkerSpec:
     store_listen_fd: int = -1  # rank 0 only: the kernel's listening socket for the TCPStore server
     debug: bool | None = None  # debug mode forced on/off; None: ACCELERATE_DEBUG_MODE decides at each call
     progress_path: str = ""  # the rank's progress record (see ProgressRecord)
+    result_path: str = ""  # the kernel's in-memory file for a large result (see result_memory.py); "": the pipe
     memory_limit: int = 0  # bytes of address space the worker may use (RLIMIT_AS); 0: no limit
     explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
     results: str = "auto"  # which ranks send their return value (see results.py)
