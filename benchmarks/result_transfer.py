@@ -13,7 +13,9 @@ to shared memory and the parent maps it) and the parent takes it; ``memcpy`` cop
 
 - ``total``: from the call to the value in the caller (memcpy: the copy);
 - ``transfer``: from the moment rank 0's function returns (its clock, ``CLOCK_MONOTONIC``, is the caller's) to
-  the value in the caller: the result's way back alone (memcpy: the copy);
+  the value in the caller: the result's way back alone (memcpy: the copy into fresh memory, whose pages are
+  allocated as it goes, as any new copy's are; ``memcpy, touched``: the same copy again into the same memory,
+  the bytes alone);
 - ``kernel peak``: the caller's peak resident memory above what it held before, after every byte of the result
   has been read (the check), as a multiple of the size; ``rank peak``: the largest child's.
 
@@ -73,7 +75,9 @@ def memcpy():
         copy = copies[name] = torch.empty_like(tensor)
         ctypes.memmove(copy.data_ptr(), tensor.data_ptr(), tensor.nbytes)
     done = time.monotonic()
-    return {"state": copies, "returned_at": started}, done
+    for name, tensor in source.items():  # again, into the same memory: the bytes alone, without new pages
+        ctypes.memmove(copies[name].data_ptr(), tensor.data_ptr(), tensor.nbytes)
+    return {"state": copies, "returned_at": started, "touched": time.monotonic() - done}, done
 
 with open("/proc/self/clear_refs", "w") as refs:
     refs.write("5")
@@ -103,7 +107,8 @@ right = len(state) == TENSORS and all(  # (reads every byte: the caller's peak c
 kernel_peak = (status_kb("VmHWM") - before) * 1024
 rank_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print("RESULT " + json.dumps({"total": done - started, "transfer": done - result["returned_at"],
-                              "kernel_peak": kernel_peak, "rank_peak": rank_peak, "right": right}))
+                              "touched": result.get("touched"), "kernel_peak": kernel_peak, "rank_peak": rank_peak,
+                              "right": right}))
 '''
 
 MODES = ("ours", "old", "queue", "memcpy")
@@ -155,18 +160,22 @@ def main() -> None:
         subprocess.run(["rm", "-rf", work])
     load_after = os.getloadavg()
     rows = []
+    for size in sizes:  # (memcpy's second copy, into memory already touched: the bytes alone, no new pages)
+        samples[size, "memcpy, touched"] = [{"total": value["touched"], "transfer": value["touched"], "right": True}
+                                            for value in samples[size, "memcpy"] if value.get("touched") is not None]
     for (size, mode), values in samples.items():
         ratios = {}
-        for other in ("queue", "memcpy"):
+        for other in ("queue", "memcpy", "memcpy, touched"):
             ours = median([value["transfer"] for value in values])
             theirs = median([value["transfer"] for value in samples[size, other]])
             ratios[other] = f"{ours / theirs:.2f}x" if ours and theirs else "n/a"
         rows.append([f"{size / 2**20:g} MiB / {mode}", spread(values, "total"), spread(values, "transfer"),
-                     ratios["queue"], ratios["memcpy"], spread(values, "kernel_peak", size),
+                     ratios["queue"], ratios["memcpy"], ratios["memcpy, touched"], spread(values, "kernel_peak", size),
                      spread(values, "rank_peak", size), ", ".join(sorted({str(value["right"]) for value in values}))])
+    rows.sort(key=lambda row: float(row[0].split()[0]))
     print(f"{options.reps} fresh processes each, interleaved; median (min-max); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}")
-    print(table(["size / path", "total (s)", "transfer (s)", "transfer / queue", "transfer / memcpy",
+    print(table(["size / path", "total (s)", "transfer (s)", "/ queue", "/ memcpy", "/ memcpy, touched",
                  "kernel peak (x size)", "rank peak (x size)", "bytes right"], rows))
     write_json(os.path.join(HERE, "results", "result_transfer.json"), {
         "baseline": options.baseline, "reps": options.reps, "load_before": load_before, "load_after": load_after,

@@ -257,3 +257,18 @@ def test_a_rank_cannot_shrink_a_result_under_the_kernels_mapping(capfd):
     assert back.shape == (2**20,) and bool((back == 1).all())  # every page still there: no SIGBUS
     assert "shrinking refused" in capfd.readouterr().out
     no_children_left()
+
+
+@pytest.mark.parametrize("data, attachment", [
+    ({"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [4]}, b"x" * 14),  # and on the pipe too
+    ({"type": "Tensor", "in_memory": True, "pickle_bytes": 10}, b""),  # no sizes to check the file against
+    ({"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [0]}, b""),
+])
+def test_a_result_event_in_memory_with_a_bad_layout_is_refused_as_it_is_read(data, attachment):
+    from notebook_launcher.schema.decoding import FrameDecoder
+    from notebook_launcher.schema.events import encode_frame
+    from notebook_launcher.schema.results import result_sinks
+
+    decoder = FrameDecoder(result_sinks)
+    assert decoder.feed(encode_frame(0, 1, "result", data, attachment)) == []  # the rank's stream ends there
+    assert decoder.broken.startswith("a 'result' event in memory with an attachment, or without its")

@@ -296,8 +296,8 @@ class Supervisor:
     def _deliver(self, event: Event) -> None:
         if self._muted:
             return
-        if event.kind == RESULT and event.data.get("in_memory") and self._result_files.enabled:  # its attachment:
-            # the rank's in-memory file
+        if event.kind == RESULT and event.data.get("in_memory") and self._result_files.enabled:
+            # its attachment: the rank's in-memory file (results.unpack_result maps it)
             event = dataclasses.replace(event, attachment=self._result_files.take(event.rank))
         self._stall.observe(event)
         self.on_event(event)
