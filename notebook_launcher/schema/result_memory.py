@@ -20,6 +20,7 @@ refused, a file size limit), the result goes through the pipe as before and the 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import mmap
@@ -57,7 +58,8 @@ def write_result(path: str, parts: list) -> str:
                 done += os.pwrite(descriptor, view[done:], offset + done)
         return ""
     except OSError as exc:  # (a limit on file sizes: EFBIG; memory the system refuses: ENOSPC, ENOMEM)
-        os.ftruncate(descriptor, 0)
+        with contextlib.suppress(OSError):
+            os.ftruncate(descriptor, 0)  # (its pages back to the system now, not at the attempt's end)
         return f"{type(exc).__name__}: {exc}"
     finally:
         os.close(descriptor)
