@@ -3,6 +3,7 @@ queue (what Lightning's ``ddp_notebook`` uses) and a bare memcpy of the same byt
 
     .venv/bin/python benchmarks/result_transfer.py                          # 64 MiB, 1 GiB, 2 GiB; 5 runs each
     .venv/bin/python benchmarks/result_transfer.py --sizes 0.0625,1,4 --baseline 0ae8ee5 --reps 7
+    .venv/bin/python benchmarks/result_transfer.py --copied     # ours and old: tensors copied off a "device"
 
 Each measurement is a fresh Python process (so its peaks are its own). ``ours`` and ``old`` launch 2 CPU ranks
 (this tree, and a git worktree of ``--baseline``, the pipe path), rank 0 returning a dict of 64 float32 tensors of
@@ -41,8 +42,12 @@ MEASURE = r'''
 import ctypes, json, os, resource, sys, time
 import torch
 
-SIZE, MODE, TENSORS = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+SIZE, MODE, TENSORS, COPIED = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[5] == "copied"
 EACH = SIZE // TENSORS // 4
+
+class CopiedByCpu(torch.Tensor):  # .cpu() is a fresh copy, as a GPU's or a TPU's is
+    def cpu(self, *args, **kwargs):
+        return torch.Tensor.cpu(self, *args, **kwargs).as_subclass(torch.Tensor).clone()
 
 def make_result():
     return {f"layer{i}.weight": torch.full((EACH,), float(i)) for i in range(TENSORS)}, time.monotonic()
@@ -52,6 +57,8 @@ def returns_big():
     if dist.get_rank() != 0:
         return None
     result, _ = make_result()
+    if COPIED:
+        result = {name: tensor.as_subclass(CopiedByCpu) for name, tensor in result.items()}
     return {"state": result, "returned_at": time.monotonic()}
 
 def queue_rank(index, queue, taken):
@@ -114,10 +121,10 @@ print("RESULT " + json.dumps({"total": done - started, "transfer": done - result
 MODES = ("ours", "old", "queue", "memcpy")
 
 
-def measure(mode: str, size: int, trees: dict, runs_dir: str, port: int) -> dict:
+def measure(mode: str, size: int, trees: dict, runs_dir: str, port: int, kind: str) -> dict:
     tree = trees.get(mode, ROOT)
     env = {**os.environ, "PYTHONPATH": tree, "NOTEBOOK_LAUNCHER_RUNS_DIR": runs_dir}
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(size), mode, str(TENSORS), str(port)],
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(size), mode, str(TENSORS), str(port), kind],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tree)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -138,6 +145,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE, help="git ref of the old tree (the pipe path)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--sizes", default="0.0625,1,2", help="sizes of rank 0's result in GiB, comma-separated")
+    parser.add_argument("--copied", action="store_true", help="ours and old: tensors whose .cpu() is a copy (as "
+                        "a GPU's is), so the rank holds the copy until it is written")
     options = parser.parse_args()
     sizes = [int(float(gib) * 2**30) for gib in options.sizes.split(",")]
     work = tempfile.mkdtemp(prefix="result_transfer-")
@@ -152,7 +161,8 @@ def main() -> None:
             for size in sizes:
                 order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]  # rotated: drift hits every mode alike
                 for mode in order:
-                    samples[size, mode].append(measure(mode, size, trees, os.path.join(work, "runs"), free_port()))
+                    samples[size, mode].append(measure(mode, size, trees, os.path.join(work, "runs"), free_port(),
+                                                       "copied" if options.copied else "cpu"))
                     print(f"round {rep + 1}, {size / 2**20:g} MiB, {mode}: {samples[size, mode][-1]}",
                           file=sys.stderr, flush=True)
     finally:
@@ -178,7 +188,7 @@ def main() -> None:
     print(table(["size / path", "total (s)", "transfer (s)", "/ queue", "/ memcpy", "/ memcpy, touched",
                  "kernel peak (x size)", "rank peak (x size)", "bytes right"], rows))
     write_json(os.path.join(HERE, "results", "result_transfer.json"), {
-        "baseline": options.baseline, "reps": options.reps, "load_before": load_before, "load_after": load_after,
+        "baseline": options.baseline, "reps": options.reps, "copied": options.copied, "load_before": load_before, "load_after": load_after,
         "samples": {f"{size}/{mode}": values for (size, mode), values in samples.items()}})
 
 
