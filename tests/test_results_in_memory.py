@@ -6,7 +6,6 @@ and the run says so once; a rank's word on the file's layout is checked against 
 import gc
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -140,8 +139,8 @@ def test_a_rank_killed_while_writing_its_result_leaves_nothing_behind():
     no_children_left()
 
 
-KERNEL = textwrap.dedent("""
-    import sys, time
+CELL = textwrap.dedent("""
+    import time
     import torch
     from notebook_launcher import notebook_launcher
 
@@ -151,33 +150,26 @@ KERNEL = textwrap.dedent("""
             time.sleep(120)
         return torch.ones(2**20)
 
-    notebook_launcher(rank_0_returns_rank_1_waits, num_processes=2, device="cpu", display="text")
+    notebook_launcher(rank_0_returns_rank_1_waits, num_processes=2, device="cpu")
 """)
 
 
 def test_a_kernel_that_dies_holding_a_result_leaves_no_result_file_behind(tmp_path):
+    from test_kernel import running_kernel
+
     env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(tmp_path / "runs")}
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    family = []
-    try:
+    with running_kernel(tmp_path, env) as (_, client, kernel):
+        client.execute(CELL)
         deadline = time.monotonic() + 90
         while not held(kernel.pid, "maps"):  # rank 0's result is mapped in the kernel; rank 1 still runs
-            assert kernel.poll() is None and time.monotonic() < deadline, "the result never came"
+            assert time.monotonic() < deadline, "the result never came"
             time.sleep(0.05)
-        family = psutil.Process(kernel.pid).children(recursive=True)
-        assert family and any(held(rank.pid, "fd") for rank in family)
+        ranks = kernel.children(recursive=True)
+        assert any(held(rank.pid, "fd") for rank in ranks)  # (forked ranks hold the kernel's files too)
         kernel.kill()
         kernel.wait(timeout=30)
-        gone, alive = psutil.wait_procs(family, timeout=30)  # the ranks die with their parent
+        gone, alive = psutil.wait_procs(ranks, timeout=30)  # the ranks die with their parent
         assert alive == []
-    finally:
-        if kernel.poll() is None:
-            kernel.kill()
-            kernel.wait(timeout=30)
-        for process in family:
-            if process.is_running():
-                process.kill()
     mine = f"{NAME}{kernel.pid}-"
     holders = [process.pid for process in psutil.process_iter() if process.uids().real == os.getuid()
                and any(mine in name for name in held(process.pid, "fd") + held(process.pid, "maps"))]
