@@ -1,23 +1,29 @@
-"""A large result on its way back: the kernel's and the rank's peak memory, and launch → return, before and after
-a change, side by side.
+"""A large result on its way back, side by side in one run: ours, the old tree's pipe, torch.multiprocessing's
+queue (what Lightning's ``ddp_notebook`` uses) and a bare memcpy of the same bytes (the limit).
 
-    .venv/bin/python benchmarks/result_transfer.py                      # baseline: the tree before results owned
-    .venv/bin/python benchmarks/result_transfer.py --baseline HEAD~3 --reps 5 --gib 1
+    .venv/bin/python benchmarks/result_transfer.py                          # 64 MiB, 1 GiB, 2 GiB; 5 runs each
+    .venv/bin/python benchmarks/result_transfer.py --sizes 0.0625,1,4 --baseline 0ae8ee5 --reps 7
+    .venv/bin/python benchmarks/result_transfer.py --copied     # ours and old: tensors copied off a "device"
+    .venv/bin/python benchmarks/result_transfer.py --smoke      # 10 MiB, one round, no baseline tree
 
-Each measurement is a fresh Python process (so its peaks are its own) that launches 2 CPU ranks, rank 0
-returning ``--gib`` GiB of float32 in a dict, and reports: the kernel's peak resident memory above what it held
-before the call (VmHWM after ``clear_refs``), the largest rank's peak resident memory (``RUSAGE_CHILDREN``),
-the time from the call to its return, and whether every byte came back right. Two kinds of result:
+Each measurement is a fresh Python process (so its peaks are its own). ``ours`` and ``old`` launch 2 CPU ranks
+(this tree, and a git worktree of ``--baseline``, the pipe path), rank 0 returning a dict of 64 float32 tensors of
+``size`` bytes in all; ``queue`` forks 2 processes with ``torch.multiprocessing.start_processes`` (each joins a
+gloo group, as a launch's ranks do), rank 0 puts the same dict on a ``SimpleQueue`` (torch moves each storage
+to shared memory and the parent maps it) and the parent takes it; ``memcpy`` copies the same bytes once,
+``ctypes.memmove`` into fresh memory. Figures per size:
 
-- ``cpu``: a CPU tensor (its ``.cpu()`` is itself): what a CPU run returns;
-- ``copied``: a tensor whose ``.cpu()`` is a fresh copy, as a GPU's or a TPU's is: the rank holds the copy until
-  it is written, so its peak is the tensor plus its copy (on a GPU the tensor is in GPU memory: the host then
-  holds the copy only).
+- ``total``: from the call to the value in the caller (memcpy: the copy);
+- ``transfer``: from the moment rank 0's function returns (its clock, ``CLOCK_MONOTONIC``, is the caller's) to
+  the value in the caller: the result's way back alone (memcpy: the copy into fresh memory, whose pages are
+  allocated as it goes, as any new copy's are; ``memcpy, touched``: the same copy again into the same memory,
+  the bytes alone);
+- ``kernel peak``: the caller's peak resident memory above what it held before, after every byte of the result
+  has been read (the check), as a multiple of the size; ``rank peak``: the largest child's.
 
-The baseline is a git worktree of ``--baseline`` (default: the commit before the fix), removed at the end.
-Measurements of the two trees and both kinds are interleaved, ``--reps`` times; medians and the spread
-(min–max) are printed and written to ``benchmarks/results/result_transfer.json``; the headline: the kernel's
-peak, this tree over the baseline, per kind. (``--smoke`` measures this tree against itself, cpu only: no worktree.)
+The four are interleaved, rotated each round, ``--reps`` rounds; medians and the spread (min–max) are printed
+and written to ``benchmarks/results/result_transfer.json`` with the load average before and after; the headline:
+ours over the queue and over memcpy, per size.
 """
 
 from __future__ import annotations
@@ -28,114 +34,174 @@ import subprocess
 import sys
 import tempfile
 
-from common import ROOT, arguments, finish, median, parse, ratio, table
+from common import ROOT, arguments, exit_with, finish, median, parse, ratio, table
 
-BASELINE = "6f29b67"  # main before a result's byte views kept their storages alive
+BASELINE = "0ae8ee5"  # main with the result through the pipe
+TENSORS = 64
 
 MEASURE = r'''
-import json, os, resource, sys, time
+import ctypes, json, os, resource, sys, time
 import torch
-from notebook_launcher import notebook_launcher
 
-ELEMENTS = int(float(sys.argv[1]) * 2**30) // 4
-KIND = sys.argv[2]
+SIZE, MODE, TENSORS, COPIED = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[5] == "copied"
+EACH = SIZE // TENSORS // 4
 
-class CopiedByCpu(torch.Tensor):
+class CopiedByCpu(torch.Tensor):  # .cpu() is a fresh copy, as a GPU's or a TPU's is
     def cpu(self, *args, **kwargs):
         return torch.Tensor.cpu(self, *args, **kwargs).as_subclass(torch.Tensor).clone()
+
+def make_result():
+    return {f"layer{i}.weight": torch.full((EACH,), float(i)) for i in range(TENSORS)}, time.monotonic()
 
 def returns_big():
     import torch.distributed as dist
     if dist.get_rank() != 0:
         return None
-    weight = torch.arange(ELEMENTS, dtype=torch.float32)
-    return {"weight": weight.as_subclass(CopiedByCpu) if KIND == "copied" else weight, "step": 3}
+    result, _ = make_result()
+    if COPIED:
+        result = {name: tensor.as_subclass(CopiedByCpu) for name, tensor in result.items()}
+    return {"state": result, "returned_at": time.monotonic()}
+
+def queue_rank(index, queue, taken):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=index, world_size=2)
+    if index == 0:
+        result, _ = make_result()
+        queue.put({"state": result, "returned_at": time.monotonic()})
+        taken.wait()  # (the parent takes each storage's descriptor from this process)
+    dist.destroy_process_group()
 
 def status_kb(field):
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
+def memcpy():
+    source, _ = make_result()
+    started = time.monotonic()
+    copies = {}
+    for name, tensor in source.items():
+        copy = copies[name] = torch.empty_like(tensor)
+        ctypes.memmove(copy.data_ptr(), tensor.data_ptr(), tensor.nbytes)
+    done = time.monotonic()
+    for name, tensor in source.items():  # again, into the same memory: the bytes alone, without new pages
+        ctypes.memmove(copies[name].data_ptr(), tensor.data_ptr(), tensor.nbytes)
+    return {"state": copies, "returned_at": started, "touched": time.monotonic() - done}, done
+
 with open("/proc/self/clear_refs", "w") as refs:
     refs.write("5")
 before = status_kb("VmRSS")
 started = time.monotonic()
-outcome = "ok"
-try:
+if MODE == "memcpy":
+    result, done = memcpy()
+    started = result["returned_at"]
+elif MODE == "queue":
+    import torch.multiprocessing as mp
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[4])
+    context = mp.get_context("fork")
+    queue, taken = context.SimpleQueue(), context.Event()
+    processes = mp.start_processes(queue_rank, args=(queue, taken), nprocs=2, join=False, start_method="fork")
+    result = queue.get()
+    done = time.monotonic()
+    taken.set()
+    while not processes.join():
+        pass
+else:
+    from notebook_launcher import notebook_launcher
     result = notebook_launcher(returns_big, num_processes=2, device="cpu", display="text", results="rank0")
-    elapsed = time.monotonic() - started
-    kernel_peak = (status_kb("VmHWM") - before) * 1024  # (before the check, which allocates its own)
-    chunk = 2**24
-    weight = result["weight"]
-    if weight.numel() != ELEMENTS or not all(
-            torch.equal(weight[start:start + chunk], torch.arange(start, min(start + chunk, ELEMENTS),
-                                                                  dtype=torch.float32))
-            for start in range(0, ELEMENTS, chunk)):
-        outcome = "wrong bytes"
-except Exception as error:  # noqa: BLE001 - a baseline that fails is a figure too
-    elapsed = time.monotonic() - started
-    kernel_peak = (status_kb("VmHWM") - before) * 1024
-    outcome = f"{type(error).__name__}"
+    done = time.monotonic()
+state = result["state"]
+right = len(state) == TENSORS and all(  # (reads every byte: the caller's peak counts the whole result)
+    tensor.numel() == EACH and bool((tensor == float(i)).all()) for i, tensor in enumerate(state.values()))
+kernel_peak = (status_kb("VmHWM") - before) * 1024
 rank_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print("RESULT " + json.dumps({"kernel_peak": kernel_peak, "rank_peak": rank_peak, "seconds": elapsed,
-                              "outcome": outcome}))
+print("RESULT " + json.dumps({"total": done - started, "transfer": done - result["returned_at"],
+                              "touched": result.get("touched"), "kernel_peak": kernel_peak, "rank_peak": rank_peak,
+                              "right": right}))
 '''
 
+MODES = ("ours", "old", "queue", "memcpy")
 
-def measure(tree: str, gib: float, kind: str, runs_dir: str) -> dict:
+
+def measure(mode: str, size: int, trees: dict, runs_dir: str, port: int, kind: str) -> dict:
+    tree = trees.get(mode, ROOT)
     env = {**os.environ, "PYTHONPATH": tree, "NOTEBOOK_LAUNCHER_RUNS_DIR": runs_dir}
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(gib), kind], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=tree)
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(size), mode, str(TENSORS), str(port), kind],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tree)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    return {"kernel_peak": None, "rank_peak": None, "seconds": None,
-            "outcome": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:80]}"}
+    tail = (done.stderr.strip().splitlines() or [""])[-1][:100]
+    return {"total": None, "transfer": None, "kernel_peak": None, "rank_peak": None, "right": f"exit {done.returncode}: {tail}"}
+
+
+def spread(values, key: str, scale: float = 1.0) -> str:
+    got = [value[key] / scale for value in values if value.get(key) is not None]
+    return f"{median(got):.2f} ({min(got):.2f}-{max(got):.2f})" if got else "n/a"
 
 
 def main(argv=None) -> int:
+    from common import free_port
+
     parser = arguments(__doc__, "result_transfer")
-    parser.add_argument("--baseline", default=BASELINE, help="git ref of the tree to compare with")
+    parser.add_argument("--baseline", default=BASELINE, help="git ref of the old tree (the pipe path)")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--gib", type=float, default=1.0, help="size of rank 0's result in GiB")
-    parser.add_argument("--kinds", default="cpu,copied", help="kinds of result, comma-separated")
-    options = parse(parser, argv, smoke={"reps": 1, "gib": 0.01, "baseline": None, "kinds": "cpu"})
-    kinds = options.kinds.split(",")
+    parser.add_argument("--sizes", default="0.0625,1,2", help="sizes of rank 0's result in GiB, comma-separated")
+    parser.add_argument("--copied", action="store_true", help="ours and old: tensors whose .cpu() is a copy (as "
+                        "a GPU's is), so the rank holds the copy until it is written")
+    options = parse(parser, argv, smoke={"reps": 1, "sizes": "0.01", "baseline": None})
+    sizes = [int(float(gib) * 2**30) for gib in options.sizes.split(",")]
+    modes = [mode for mode in MODES if mode != "old" or options.baseline]
     work = tempfile.mkdtemp(prefix="result_transfer-")
-    baseline_tree = os.path.join(work, "baseline") if options.baseline else ROOT
+    old_tree = os.path.join(work, "old")
     if options.baseline:
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", baseline_tree, options.baseline],
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", old_tree, options.baseline],
                        check=True, capture_output=True)
-    trees = {"baseline": baseline_tree, "current": ROOT}
-    samples: dict = {(tree, kind): [] for tree in trees for kind in kinds}
+    trees = {"old": old_tree}
+    load_before = os.getloadavg()
+    samples: dict = {(size, mode): [] for size in sizes for mode in modes}
     try:
         for rep in range(options.reps):
-            order = list(samples)
-            order = order[rep % len(order):] + order[:rep % len(order)]  # rotated: drift hits every pair alike
-            for tree, kind in order:
-                samples[tree, kind].append(measure(trees[tree], options.gib, kind, os.path.join(work, "runs")))
+            for size in sizes:
+                order = modes[rep % len(modes):] + modes[:rep % len(modes)]  # rotated: drift hits every mode alike
+                for mode in order:
+                    samples[size, mode].append(measure(mode, size, trees, os.path.join(work, "runs"), free_port(),
+                                                       "copied" if options.copied else "cpu"))
+                    print(f"round {rep + 1}, {size / 2**20:g} MiB, {mode}: {samples[size, mode][-1]}",
+                          file=sys.stderr, flush=True)
     finally:
         if options.baseline:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", baseline_tree], capture_output=True)
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old_tree], capture_output=True)
         subprocess.run(["rm", "-rf", work])
-    size = options.gib * 2**30
-    rows, report = [], {"gib": options.gib, "reps": options.reps, "baseline": options.baseline,
-                        "load_average_at_end": os.getloadavg(), "samples": {f"{t}/{k}": v for (t, k), v in samples.items()}}
-    for (tree, kind), values in samples.items():
-        def spread(key, scale):
-            got = [v[key] / scale for v in values if v[key] is not None]
-            return (f"{median(got):.2f} ({min(got):.2f}-{max(got):.2f})" if got else "n/a")
-        outcomes = sorted({v["outcome"] for v in values})
-        rows.append([f"{tree} / {kind}", spread("kernel_peak", size), spread("rank_peak", size),
-                     spread("seconds", 1), ", ".join(outcomes)])
-    print(f"rank 0 returns {options.gib:g} GiB; {options.reps} runs each; median (min-max)")
-    print(table(["tree / result", "kernel peak (x size)", "rank peak (x size)", "call to return (s)", "bytes back"],
-                rows))
-    def kernel_peak(tree, kind):
-        return median([v["kernel_peak"] for v in samples[tree, kind] if v["kernel_peak"] is not None])
+    load_after = os.getloadavg()
+    rows = []
+    for size in sizes:  # (memcpy's second copy, into memory already touched: the bytes alone, no new pages)
+        samples[size, "memcpy, touched"] = [{"total": value["touched"], "transfer": value["touched"], "right": True}
+                                            for value in samples[size, "memcpy"] if value.get("touched") is not None]
 
-    return finish(options, report, {f"{kind}: kernel peak, current / baseline": ratio(
-        kernel_peak("current", kind), kernel_peak("baseline", kind)) for kind in kinds})
+    def transfer(size, mode):
+        return median([value["transfer"] for value in samples[size, mode] if value.get("transfer") is not None])
+
+    for (size, mode), values in samples.items():
+        ratios = {other: ratio(transfer(size, mode), transfer(size, other))
+                  for other in ("queue", "memcpy", "memcpy, touched")}
+        rows.append([f"{size / 2**20:g} MiB / {mode}", spread(values, "total"), spread(values, "transfer"),
+                     *(f"{value:.2f}x" if value else "n/a" for value in ratios.values()),
+                     spread(values, "kernel_peak", size), spread(values, "rank_peak", size),
+                     ", ".join(sorted({str(value["right"]) for value in values}))])
+    rows.sort(key=lambda row: float(row[0].split()[0]))
+    print(f"{options.reps} fresh processes each, interleaved; median (min-max); load average before "
+          f"{load_before[0]:.2f}, after {load_after[0]:.2f}")
+    print(table(["size / path", "total (s)", "transfer (s)", "/ queue", "/ memcpy", "/ memcpy, touched",
+                 "kernel peak (x size)", "rank peak (x size)", "bytes right"], rows))
+    headline = {}
+    for size in sizes:
+        headline[f"{size / 2**20:g} MiB: ours / queue"] = ratio(transfer(size, "ours"), transfer(size, "queue"))
+        headline[f"{size / 2**20:g} MiB: ours / memcpy"] = ratio(transfer(size, "ours"), transfer(size, "memcpy"))
+    return finish(options, {
+        "baseline": options.baseline, "reps": options.reps, "copied": options.copied, "load_before": load_before,
+        "load_after": load_after, "samples": {f"{size}/{mode}": values for (size, mode), values in samples.items()}},
+        headline)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

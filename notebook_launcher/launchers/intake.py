@@ -61,6 +61,7 @@ class EventIntake:
         self.tracker = FailureTracker()
         self.in_order: InOrderRelease | None = None
         self._left_out_noted = False
+        self._memory_failed_noted = False  # said once a run: a result that could not be written in memory
 
     # -- one attempt ------------------------------------------------------------------------------------------
     def begin(self, ranks) -> None:
@@ -164,6 +165,10 @@ class EventIntake:
         self.run.results[rank] = value
 
     def _receive_result(self, event: Event) -> None:
+        if event.data.get("memory_failed") and not self._memory_failed_noted:
+            self._memory_failed_noted = True
+            self.display.note(f"rank {event.rank}'s result came through its pipe, not shared memory "
+                              f"({event.data['memory_failed']})")
         if event.data.get("kept") is False:
             self.run.results_left_out[event.rank] = event.data.get("reason", "")
             return

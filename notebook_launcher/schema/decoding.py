@@ -307,7 +307,15 @@ def _check_in_order(data: dict) -> None:
 
 
 def _check_result_layout(data: dict, attachment_len: int) -> None:
-    """A result's attachment is what its data says: the pickle, then the storages (results.py), to the byte."""
+    """A result's attachment is what its data says: the pickle, then the storages (results.py), to the byte; a
+    result in memory has none (its file is checked against its sizes where it is mapped: result_memory.py)."""
+    if data.get("in_memory"):
+        sizes, pickled = data.get("storages"), data.get("pickle_bytes")
+        if attachment_len or not (type(sizes) is list and sizes and type(pickled) is int and pickled > 0
+                                  and all(type(size) is int and size > 0 for size in sizes)):
+            raise CorruptFrame("a 'result' event in memory with an attachment, or without its 'pickle_bytes' and "
+                               "'storages' (sizes from 1)")
+        return
     if data.get("attachment_bytes", attachment_len) != attachment_len:
         raise CorruptFrame(f"a 'result' event whose attachment is {attachment_len} bytes, not the "
                            f"'attachment_bytes' {_cut(data.get('attachment_bytes'))} it says")

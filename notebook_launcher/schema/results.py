@@ -4,7 +4,9 @@ The value is pickled (cloudpickle) with every CPU tensor storage taken out of th
 attachment is the pickle followed by the raw bytes of each storage, written straight from the tensors' memory.
 The kernel reads each storage's bytes from the pipe into a storage of its own (``result_sinks``), so a returned
 1 GB state_dict costs the kernel about 1 GB, not the three copies a plain pickle takes (the pickle, torch's own
-byte copy inside it, then the tensor).
+byte copy inside it, then the tensor). A result of a rank on the kernel's machine, from ``IN_MEMORY_FROM``
+bytes, skips the pipe: the rank writes the same parts into an in-memory file the kernel maps
+(``result_memory.py``).
 
 Which results travel: rank 0's always; another rank's only when ``results="all"``, or with the default
 ``results="auto"`` when it is at most ``SMALL_RESULT_BYTES``; ``results="rank0"`` sends none but rank 0's. A
@@ -19,6 +21,8 @@ import ctypes
 import io
 import pickle
 import sys
+
+from .result_memory import MappedResult
 
 RESULT_CHOICES = ("auto", "all", "rank0")
 SMALL_RESULT_BYTES = 64 * 2**20
@@ -74,6 +78,7 @@ def pack_result(value, rank: int, results: str) -> tuple[dict, list]:
                 f"(results='all' brings it back)"}, []
     return {"type": kind, "bytes": size, "attachment_bytes": size, "pickle_bytes": parts[0].nbytes,
             "storages": [storage.nbytes() for storage in storages]}, parts
+
 
 
 def _storage_pickler():
@@ -175,6 +180,11 @@ def result_sinks(header: dict, length: int):
 
 def unpack_result(data: dict, attachment):
     """The rank's return value from its ``result`` event (raises what unpickling raises)."""
+    if data.get("in_memory") and not isinstance(attachment, MappedResult):
+        attachment = MappedResult(-1)  # (no file was given to the rank: a hostile or confused event)
+    if isinstance(attachment, MappedResult):  # written in memory by the rank (result_memory.py)
+        pickled, storages = attachment.read(data["pickle_bytes"], data["storages"])
+        return _StorageUnpickler(io.BytesIO(pickled), storages).load()
     if isinstance(attachment, ResultParts):
         return _StorageUnpickler(io.BytesIO(attachment.pickled), attachment.storages).load()
     if not data.get("storages"):

@@ -11,14 +11,16 @@ KeyboardInterrupt.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..schema.events import EXIT, FAILURE, HANG_NOTICE, STATUS, Event
+from ..schema.events import EXIT, FAILURE, HANG_NOTICE, RESULT, STATUS, Event
 from ..schema.rank_spec import RankSpec
+from ..schema.result_memory import ResultFiles
 from ..schema.status import StopReason
 from .demux import RankDemux
 from .handles import WorkerProcess
@@ -86,6 +88,8 @@ class Supervisor:
         self._workers: list[WorkerProcess] = self._processes.workers
         self._demux: dict[int, RankDemux] = {}  # rank -> its pipes' events
         self._hangs = HangWatch(progress_dir)  # where each rank is (hang diagnosis)
+        # large results in memory, from ranks on this machine to the kernel (an agent's go on through its channel)
+        self._result_files = ResultFiles(enabled=not plan.in_workers)
         # the stall watchdog; not on an agent of a launch across hosts (in_workers), which sees only its host's ranks
         self._stall = StallWatch(None if plan.in_workers else plan.hang_warning, self._hangs, plan.timeout)
         self._interrupt = DeferredInterrupt(self._processes.wake_write)
@@ -138,6 +142,8 @@ class Supervisor:
             explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug, results=self.plan.results,
             memory_limit=self.plan.memory_limit,
             progress_path=self._hangs.path_for(worker.rank),
+            result_path=self._result_files.path_for(worker.rank)
+            if worker.rank == 0 or self.plan.results != "rank0" else "",
         )
 
     def _wait(self, timeout: float | None) -> None:
@@ -272,6 +278,9 @@ class Supervisor:
         """An event, or a run of plain lines (which can never end the run), to the stall watch and ``on_event``."""
         if self._muted:
             return
+        if event.kind == RESULT and event.data.get("in_memory") and self._result_files.enabled:
+            # its attachment: the rank's in-memory file (results.unpack_result maps it)
+            event = dataclasses.replace(event, attachment=self._result_files.take(event.rank))
         self._stall.observe(event)
         self.on_event(event)
         moments = self._moments
@@ -353,6 +362,7 @@ class Supervisor:
         finally:
             self._processes.release()
             self._hangs.close()
+            self._result_files.close()
 
     def _end_all(self) -> None:
         if self._processes.any_alive():

@@ -1,0 +1,273 @@
+"""A large result comes back through an in-memory file the kernel maps (a memfd), not the pipe: bit for bit, its
+tensors windows of that mapping, and nothing of it left once the result is dropped, after a failed run, after
+a rank killed while writing it, after the kernel dies. A rank that cannot write it sends it through the pipe,
+and the run says so once; a rank's word on the file's layout is checked against the file. Real launches."""
+
+import gc
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+
+from notebook_launcher import RankFailedError, ResultUnavailableError, last_run, notebook_launcher
+from notebook_launcher.schema.result_memory import write_result
+
+NAME = "notebook-launcher-result-"
+
+
+def held(pid: int, where: str) -> list[str]:
+    """The result files process ``pid`` holds: its descriptors (``fd``) or its mappings (``maps``)."""
+    try:
+        if where == "maps":
+            with open(f"/proc/{pid}/maps") as maps:
+                return [line.split()[-2] for line in maps if NAME in line]
+        links = []
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+        return [link for link in links if NAME in link]
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+
+
+def no_children_left():
+    assert psutil.Process().children(recursive=True) == []
+
+
+def kernel_file(kernel: int, rank: int) -> str:
+    """In a rank: the path of the kernel's in-memory file for ``rank``'s result."""
+    for fd in os.listdir(f"/proc/{kernel}/fd"):
+        try:
+            if f"{NAME}{kernel}-{rank}" in os.readlink(f"/proc/{kernel}/fd/{fd}"):
+                return f"/proc/{kernel}/fd/{fd}"
+        except OSError:
+            pass
+    raise AssertionError("no result file")
+
+
+def wait_until_mapped(kernel: int) -> None:
+    """In a rank: until the kernel has mapped rank 0's result."""
+    while not any(f"{NAME}{kernel}-0" in name for name in held(kernel, "maps")):
+        time.sleep(0.01)
+
+
+def state_dict_and_more():
+    import torch.distributed as dist
+
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    return {"weight": torch.randn(1000, 700, generator=generator), "bias": torch.arange(9, dtype=torch.float64)[1:],
+            "param": torch.nn.Parameter(torch.ones(3)), "frozen": torch.zeros(2).requires_grad_(False),
+            "step": 7}
+
+
+@pytest.mark.processes
+def test_a_large_result_comes_back_mapped_bit_for_bit_and_is_freed_with_its_tensors():
+    me = os.getpid()
+    results = notebook_launcher(state_dict_and_more, num_processes=2, device="cpu", results="all")
+    back = {rank: last_run().result(rank) for rank in (0, 1)}
+    assert results is back[0]
+    for rank, value in back.items():
+        generator = torch.Generator().manual_seed(rank)
+        assert torch.equal(value["weight"], torch.randn(1000, 700, generator=generator))
+        assert value["bias"].tolist() == list(range(1, 9)) and value["bias"].dtype == torch.float64
+        assert type(value["param"]) is torch.nn.Parameter and value["param"].requires_grad
+        assert not value["frozen"].requires_grad and value["step"] == 7
+        assert all(value[key].untyped_storage().data_ptr() % 64 == 0 for key in ("weight", "bias", "param"))
+    mapped = held(me, "maps")  # each rank's result is one mapping of its file, and no descriptor stays open
+    assert sorted({name.split("-")[-1] for name in mapped}) == ["0", "1"] and held(me, "fd") == []
+    back[0]["weight"].add_(1)  # the kernel's own memory: writable
+    del results, back, value
+    last_run().results.clear()
+    gc.collect()
+    assert held(me, "maps") == [] and held(me, "fd") == []
+    no_children_left()
+
+
+def returns_after_the_other_fails():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        wait_until_mapped(os.getppid())
+        raise ValueError("rank 1 gives up")
+    return torch.ones(2**20)
+
+
+@pytest.mark.processes
+def test_a_failed_run_leaves_no_result_file_behind():
+    me = os.getpid()
+    with pytest.raises(RankFailedError):
+        notebook_launcher(returns_after_the_other_fails, num_processes=2, device="cpu")
+    assert held(me, "fd") == []  # rank 1's file, never written, is closed with the attempt
+    kept = last_run().results  # rank 0's result came before the failure: the run keeps it, in its mapping
+    assert list(kept) == [0] and bool((kept[0] == 1).all())
+    assert [name.split("-")[-1] for name in held(me, "maps")] == ["0"]
+    kept.clear()
+    gc.collect()
+    assert held(me, "maps") == []
+    no_children_left()
+
+
+def killed_while_writing():
+    import threading
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        path = kernel_file(os.getppid(), 0)
+
+        def kill_at_first_byte():  # the file is sized as the rank starts writing it: the rank dies in the middle
+            while os.stat(path).st_size == 0:
+                time.sleep(0.0005)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=kill_at_first_byte, daemon=True).start()
+        return torch.ones(2**26)  # 256 MiB: written for far longer than the thread takes to see it
+    return None
+
+
+@pytest.mark.processes
+def test_a_rank_killed_while_writing_its_result_leaves_nothing_behind():
+    me = os.getpid()
+    with pytest.raises(RankFailedError) as caught:
+        notebook_launcher(killed_while_writing, num_processes=2, device="cpu")
+    assert "SIGKILL" in str(caught.value)
+    assert 0 not in last_run().results and held(me, "fd") == [] and held(me, "maps") == []
+    no_children_left()
+
+
+CELL = textwrap.dedent("""
+    import time
+    import torch
+    from notebook_launcher import notebook_launcher
+
+    def rank_0_returns_rank_1_waits():
+        import torch.distributed as dist
+        if dist.get_rank() == 1:
+            time.sleep(120)
+        return torch.ones(2**20)
+
+    notebook_launcher(rank_0_returns_rank_1_waits, num_processes=2, device="cpu")
+""")
+
+
+@pytest.mark.kernel
+def test_a_kernel_that_dies_holding_a_result_leaves_no_result_file_behind(tmp_path):
+    from helpers.kernel import running_kernel
+
+    env = {**os.environ, "NOTEBOOK_LAUNCHER_RUNS_DIR": str(tmp_path / "runs")}
+    with running_kernel(tmp_path, env) as (_, client, kernel):
+        client.execute(CELL)
+        deadline = time.monotonic() + 90
+        while not held(kernel.pid, "maps"):  # rank 0's result is mapped in the kernel; rank 1 still runs
+            assert time.monotonic() < deadline, "the result never came"
+            time.sleep(0.05)
+        ranks = kernel.children(recursive=True)
+        assert any(held(rank.pid, "fd") for rank in ranks)  # (forked ranks hold the kernel's files too)
+        kernel.kill()
+        kernel.wait(timeout=30)
+        gone, alive = psutil.wait_procs(ranks, timeout=30)  # the ranks die with their parent
+        assert alive == []
+    mine = f"{NAME}{kernel.pid}-"
+    holders = [process.pid for process in psutil.process_iter() if process.uids().real == os.getuid()
+               and any(mine in name for name in held(process.pid, "fd") + held(process.pid, "maps"))]
+    assert holders == []
+
+
+def returns_under_a_file_size_limit():
+    import resource
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG), as in a container
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return [torch.full((2**20,), 3.0), torch.full((2**20,), 4.0)]
+    return None
+
+
+@pytest.mark.processes
+def test_a_result_that_cannot_be_written_in_memory_comes_through_the_pipe_and_the_run_says_so_once(capfd):
+    back = notebook_launcher(returns_under_a_file_size_limit, num_processes=2, device="cpu", display="text",
+                             results="all")
+    assert bool((back[0] == 3.0).all()) and bool((back[1] == 4.0).all())
+    assert held(os.getpid(), "maps") == []
+    said = capfd.readouterr().out
+    assert said.count("result came through its pipe, not shared memory") == 1, said
+    assert "rank 0's result came through its pipe, not shared memory (OSError: [Errno 27] File too large)" in said
+    no_children_left()
+
+
+def lies_about_its_file(lie: str):
+    import torch.distributed as dist
+
+    from notebook_launcher.schema.results import pack_result
+
+    if dist.get_rank() == 0:
+        data, parts = pack_result(torch.ones(2**20), 0, "all")
+        path = kernel_file(os.getppid(), 0)
+        assert write_result(path, parts) == ""
+        del data["attachment_bytes"]
+        data["in_memory"] = True
+        if lie == "longer":
+            data["storages"] = [data["storages"][0] + 4096]
+        elif lie == "shrunk":
+            os.truncate(path, 100)
+        sys.stdout._channel.emit_parts("result", data, [])
+    return 1
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("lie", ["longer", "shrunk"])
+def test_a_result_file_that_is_not_what_its_event_says_is_refused(lie):
+    with pytest.raises(ResultUnavailableError) as caught:
+        notebook_launcher(lies_about_its_file, (lie,), num_processes=2, device="cpu")
+    reason = caught.value.reason
+    assert caught.value.rank == 0 and "the rank's result in memory is" in reason and "its sizes lay out" in reason
+    assert held(os.getpid(), "fd") == [] and held(os.getpid(), "maps") == []
+    no_children_left()
+
+
+def shrinks_rank_0s_file_once_mapped():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.barrier()
+        return torch.ones(2**20)
+    descriptor = os.open(kernel_file(os.getppid(), 0), os.O_RDWR)  # (the kernel closes its own once it has mapped it)
+    dist.barrier()
+    wait_until_mapped(os.getppid())
+    try:
+        os.ftruncate(descriptor, 0)
+    except PermissionError:
+        print("shrinking refused")
+    return None
+
+
+@pytest.mark.processes
+def test_a_rank_cannot_shrink_a_result_under_the_kernels_mapping(capfd):
+    back = notebook_launcher(shrinks_rank_0s_file_once_mapped, num_processes=2, device="cpu", display="text")
+    assert back.shape == (2**20,) and bool((back == 1).all())  # every page still there: no SIGBUS
+    assert "shrinking refused" in capfd.readouterr().out
+    no_children_left()
+
+
+@pytest.mark.parametrize("data, attachment", [
+    ({"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [4]}, b"x" * 14),  # and on the pipe too
+    ({"type": "Tensor", "in_memory": True, "pickle_bytes": 10}, b""),  # no sizes to check the file against
+    ({"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [0]}, b""),
+])
+def test_a_result_event_in_memory_with_a_bad_layout_is_refused_as_it_is_read(data, attachment):
+    from notebook_launcher.schema.decoding import FrameDecoder
+    from notebook_launcher.schema.events import encode_frame
+    from notebook_launcher.schema.results import result_sinks
+
+    decoder = FrameDecoder(result_sinks)
+    assert decoder.feed(encode_frame(0, 1, "result", data, attachment)) == []  # the rank's stream ends there
+    assert decoder.broken.startswith("a 'result' event in memory with an attachment, or without its")
