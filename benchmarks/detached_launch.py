@@ -17,18 +17,15 @@ benchmarks/results/detached_launch.json. Every detached run is waited for; no pr
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import threading
 import time
 
-from common import HERE, median, table, write_json
+from common import arguments, exit_with, finish, median, parse, table
 
 from notebook_launcher import notebook_launcher
 from notebook_launcher.detached_channel import Follower, connect
-
-RESULTS = os.path.join(HERE, "results", "detached_launch.json")
 
 
 def hold(seconds):
@@ -84,11 +81,11 @@ def detached(seconds: float) -> dict:
     return {"first line": first[0] - started if first else None, "return": returned}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "detached_launch")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--hold", type=float, default=1.0)
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"reps": 1, "hold": 0.1})
     os.environ.setdefault("NOTEBOOK_LAUNCHER_RUNS_DIR", tempfile.mkdtemp(prefix="detached-bench-"))
     ways = {"foreground": foreground, "detached": detached}
     samples = {way: [] for way in ways}
@@ -109,9 +106,10 @@ def main() -> None:
     print(table(["", "median ms", "spread ms"], rows))
     print(f"detached / foreground: first line {ratios['first line']:.2f}x, return {ratios['return']:.2f}x "
           f"(hold {options.hold:g} s, {options.reps} reps, load {os.getloadavg()[0]:.1f})")
-    write_json(RESULTS, {"samples": samples, "medians": summary, "ratios": ratios, "hold_s": options.hold,
-                         "reps": options.reps, "load": os.getloadavg()})
+    return finish(options, {"samples": samples, "medians": summary, "ratios": ratios, "hold_s": options.hold,
+                            "reps": options.reps, "load": os.getloadavg()},
+                  {f"detached / foreground, {what}": value for what, value in ratios.items()})
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

@@ -20,7 +20,6 @@ Writes benchmarks/results/functional_hooks.json (every block, medians, ratios, l
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import io
@@ -32,12 +31,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
-from common import HERE, free_port, table, write_json
+from common import arguments, exit_with, finish, free_port, parse, table
 
 from notebook_launcher import last_run, notebook_launcher
 
 WORLD = 2
-RESULTS = os.path.join(HERE, "results", "functional_hooks.json")
 
 
 def _model():
@@ -121,11 +119,11 @@ def spread(values) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    parser = arguments(__doc__, "functional_hooks")
     parser.add_argument("--reps", type=int, default=15, help="blocks per way")
     parser.add_argument("--steps", type=int, default=20, help="training steps per block")
-    options = parser.parse_args()
+    options = parse(parser, argv, smoke={"reps": 1, "steps": 2})
     load_at_start = os.getloadavg()
     samples = {**launched(options.reps, options.steps), **bare(options.reps, options.steps)}
     load_at_end = os.getloadavg()
@@ -136,10 +134,10 @@ def main() -> None:
     print(table(["way", "ms per step", "/ off"], [[mode, spread(values), f"{ratios[mode]:.2f}x"]
                                                   for mode, values in samples.items()]))
     print(f"load average at start {load_at_start[0]:.2f}, at end {load_at_end[0]:.2f}")
-    write_json(RESULTS, {"samples": samples, "ratios": ratios, "load_at_start": load_at_start,
-                         "load_at_end": load_at_end, "options": vars(options)})
-    print(f"wrote {RESULTS}")
+    return finish(options, {"samples": samples, "ratios": ratios, "load_at_start": load_at_start,
+                            "load_at_end": load_at_end, "reps": options.reps, "steps": options.steps},
+                  {f"{mode} / off": ratios[mode] for mode in ratios if mode != "off"})
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

@@ -19,6 +19,8 @@ COSTS = {
     "collective_hooks": [],
     "ddp_hook_overhead": [],
     "debug_overhead": [],
+    "detached_launch": [],
+    "functional_hooks": [],
     "hang_notice": [],
     "hosts_launch": [pytest.mark.sshd],
     "launch_overhead": [],
