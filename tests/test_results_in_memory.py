@@ -53,8 +53,10 @@ def kernel_file(kernel: int, rank: int) -> str:
 
 
 def wait_until_mapped(kernel: int) -> None:
-    """In a rank: until the kernel has mapped rank 0's result."""
+    """In a rank: until the kernel has mapped rank 0's result (a minute at most)."""
+    deadline = time.monotonic() + 60
     while not any(f"{NAME}{kernel}-0" in name for name in held(kernel, "maps")):
+        assert time.monotonic() < deadline, "the kernel never mapped rank 0's result"
         time.sleep(0.01)
 
 
