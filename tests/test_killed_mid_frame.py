@@ -1,8 +1,11 @@
 """A rank killed while it writes a frame (the out-of-memory killer while it sends its state_dict) is a
-RankFailedError naming the signal, never an error of the kernel's own; nothing is left behind. Real processes."""
+RankFailedError naming the signal, never an error of the kernel's own; nothing is left behind. Real processes.
+The result goes through the pipe here (as from another host, or where the kernel's in-memory file cannot be
+written); a rank killed while it writes that file is tests/test_results_in_memory.py's."""
 
 import os
 import random
+import resource
 import signal
 import threading
 import time
@@ -25,6 +28,8 @@ def killed_after_writing(target_bytes: int, after_s: float):
 
     if dist.get_rank() != 0:
         return 1
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the in-memory file refused past 1 MB (EFBIG): the pipe
+    resource.setrlimit(resource.RLIMIT_FSIZE, (PART_BYTES, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     value = [torch.full((PART_BYTES // 4,), float(index)) for index in range(PARTS)]
 
     def written() -> int:

@@ -37,6 +37,7 @@ from ..schema.proctree import die_with_parent
 from . import balance_meter, context
 from .intercept import intercept, is_intercepted
 
+LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric")  # where the flag is copied
 INTERACTIVE_FLAG = "_IS_INTERACTIVE"  # Lightning's (lightning.fabric.utilities.imports, and its importers)
 ELASTIC_LAUNCHER = "torch.distributed.launcher.api"  # torch elastic's launch_agent: Accelerate's, torchrun's
 
@@ -53,7 +54,11 @@ def not_interactive() -> None:
     for name in ("ps1", "ps2"):
         if hasattr(sys, name):
             delattr(sys, name)
-    for module in list(sys.modules.values()):
+    if not any(package in sys.modules for package in LIGHTNING_PACKAGES):
+        return  # (no scan: a forked rank pays for every module it touches, 6 ms for all of them)
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(LIGHTNING_PACKAGES):
+            continue
         namespace = getattr(module, "__dict__", None)  # never getattr on the module: a lazy one would import
         if isinstance(namespace, dict) and namespace.get(INTERACTIVE_FLAG) is True:
             namespace[INTERACTIVE_FLAG] = False
@@ -66,10 +71,16 @@ def refuse_nested_launchers() -> None:
     would otherwise first wait in a rendezvous of its own. The latter is caught when its module is imported:
     importing it here would cost every rank a third of a second."""
     refuse_in(importlib.import_module("torch.multiprocessing.spawn"), "start_processes")
-    if ELASTIC_LAUNCHER in sys.modules:
-        refuse_in(sys.modules[ELASTIC_LAUNCHER], "launch_agent")
-    elif not any(isinstance(finder, _WhenImported) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _WhenImported(ELASTIC_LAUNCHER, lambda module: refuse_in(module, "launch_agent")))
+    when_imported(ELASTIC_LAUNCHER, lambda module: refuse_in(module, "launch_agent"))
+
+
+def when_imported(name: str, then) -> None:
+    """``then(module)`` at once where the module ``name`` is imported already, else once it is: what a rank
+    patches only when it is used costs nothing to every other rank."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(finder, _WhenImported) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _WhenImported(name, then))
 
 
 def refuse_in(module, name: str) -> None:

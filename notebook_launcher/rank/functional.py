@@ -43,6 +43,7 @@ _OPS = {
 _SHORT = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
           "all_gather_into_tensor_coalesced": "all_gather_coalesced",
           "reduce_scatter_tensor_coalesced": "reduce_scatter_coalesced"}  # (the record keeps 32 bytes of a name)
+FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"  # imported by DTensor, FSDP2 and dynamo
 _KEYS = ("CPU", "CUDA")
 _library = None  # the torch.library.Library holding our kernels, once installed
 _launched: dict = {}  # storage address of a launched collective's output -> (number, name, members)

@@ -36,7 +36,7 @@ from ..schema.results import inherit_kernel_main
 from . import balance_meter, context
 from .accelerate_state import prepare_accelerate
 from .context import RankContext
-from .frameworks import at_fork, not_interactive, refuse_nested_launchers
+from .frameworks import at_fork, not_interactive, refuse_nested_launchers, when_imported
 from .logging import install_event_logging
 from .reporting import call_and_report
 from .rich_output import install as install_rich_output
@@ -229,7 +229,8 @@ def _install_collective_hooks() -> None:
     from . import collectives, ddp_watch, functional
 
     collectives.install()
-    functional.install()  # DTensor's, FSDP2's and compiled code's collectives
+    # DTensor's, FSDP2's and compiled code's collectives: once something imports torch's functional collectives
+    when_imported(functional.FUNCTIONAL_MODULE, lambda module: functional.install())
     ddp_watch.install()
     refuse_nested_launchers()
 
