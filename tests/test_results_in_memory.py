@@ -41,15 +41,23 @@ def no_children_left():
     assert psutil.Process().children(recursive=True) == []
 
 
-def kernel_file(kernel: int, rank: int) -> str:
-    """In a rank: the path of the kernel's in-memory file for ``rank``'s result."""
+def rank_of(name: str) -> str:
+    """The rank whose result a file is for, from its name (``...-<kernel pid>-<rank>-<piece>``)."""
+    return name.split("-")[-2]
+
+
+def kernel_files(kernel: int, rank: int) -> list[str]:
+    """In a rank: the paths of the kernel's in-memory files for ``rank``'s result, in the order of their pieces."""
+    found = {}
     for fd in os.listdir(f"/proc/{kernel}/fd"):
         try:
-            if f"{NAME}{kernel}-{rank}" in os.readlink(f"/proc/{kernel}/fd/{fd}"):
-                return f"/proc/{kernel}/fd/{fd}"
+            name = os.readlink(f"/proc/{kernel}/fd/{fd}")
         except OSError:
-            pass
-    raise AssertionError("no result file")
+            continue
+        if f"{NAME}{kernel}-{rank}-" in name:
+            found[int(name.split("-")[-1].split()[0])] = f"/proc/{kernel}/fd/{fd}"
+    assert found, "no result file"
+    return [found[piece] for piece in sorted(found)]
 
 
 def wait_until_mapped(kernel: int) -> None:
@@ -83,7 +91,7 @@ def test_a_large_result_comes_back_mapped_bit_for_bit_and_is_freed_with_its_tens
         assert not value["frozen"].requires_grad and value["step"] == 7
         assert all(value[key].untyped_storage().data_ptr() % 64 == 0 for key in ("weight", "bias", "param"))
     mapped = held(me, "maps")  # each rank's result is one mapping of its file, and no descriptor stays open
-    assert sorted({name.split("-")[-1] for name in mapped}) == ["0", "1"] and held(me, "fd") == []
+    assert sorted({rank_of(name) for name in mapped}) == ["0", "1"] and held(me, "fd") == []
     back[0]["weight"].add_(1)  # the kernel's own memory: writable
     del results, back, value
     last_run().results.clear()
@@ -109,7 +117,7 @@ def test_a_failed_run_leaves_no_result_file_behind():
     assert held(me, "fd") == []  # rank 1's file, never written, is closed with the attempt
     kept = last_run().results  # rank 0's result came before the failure: the run keeps it, in its mapping
     assert list(kept) == [0] and bool((kept[0] == 1).all())
-    assert [name.split("-")[-1] for name in held(me, "maps")] == ["0"]
+    assert {rank_of(name) for name in held(me, "maps")} == {"0"}
     kept.clear()
     gc.collect()
     assert held(me, "maps") == []
@@ -122,7 +130,7 @@ def killed_while_writing():
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
-        path = kernel_file(os.getppid(), 0)
+        path = kernel_files(os.getppid(), 0)[0]
 
         def kill_at_first_byte():  # the file is sized as the rank starts writing it: the rank dies in the middle
             while os.stat(path).st_size == 0:
@@ -213,14 +221,14 @@ def lies_about_its_file(lie: str):
 
     if dist.get_rank() == 0:
         data, parts = pack_result(torch.ones(2**20), 0, "all")
-        path = kernel_file(os.getppid(), 0)
-        assert write_result(path, parts) == ""
+        paths = kernel_files(os.getppid(), 0)
+        assert write_result(paths, parts) == ""
         del data["attachment_bytes"]
         data["in_memory"] = True
         if lie == "longer":
             data["storages"] = [data["storages"][0] + 4096]
         elif lie == "shrunk":
-            os.truncate(path, 100)
+            os.truncate(paths[0], 100)
         sys.stdout._channel.emit_parts("result", data, [])
     return 1
 
@@ -242,7 +250,7 @@ def shrinks_rank_0s_file_once_mapped():
     if dist.get_rank() == 0:
         dist.barrier()
         return torch.ones(2**20)
-    descriptor = os.open(kernel_file(os.getppid(), 0), os.O_RDWR)  # (the kernel closes its own once it has mapped it)
+    descriptor = os.open(kernel_files(os.getppid(), 0)[0], os.O_RDWR)  # (the kernel closes its own once it has mapped it)
     dist.barrier()
     wait_until_mapped(os.getppid())
     try:
@@ -273,3 +281,91 @@ def test_a_result_event_in_memory_with_a_bad_layout_is_refused_as_it_is_read(dat
     decoder = FrameDecoder(result_sinks)
     assert decoder.feed(encode_frame(0, 1, "result", data, attachment)) == []  # the rank's stream ends there
     assert decoder.broken.startswith("a 'result' event in memory with an attachment, or without its")
+
+
+def returns_storages_across_pieces():
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return None
+    sizes = (5_000_001, 9_999_991, 3, 12_345_679)  # int64 elements: ~210 MiB, odd sizes across the pieces' seams
+    start, values = 0, []
+    for count in sizes:
+        values.append(torch.arange(start, start + count, dtype=torch.int64))
+        start += count
+    return values
+
+
+@pytest.mark.processes
+def test_a_result_cut_into_pieces_comes_back_whole_in_one_range_of_the_kernels_memory():
+    from notebook_launcher.schema.result_memory import PIECE_FROM, files_for, layout, pieces
+
+    me = os.getpid()
+    back = notebook_launcher(returns_storages_across_pieces, num_processes=2, device="cpu")
+    start = 0
+    for value in back:  # every element where the rank put it, across the seams of the pieces
+        assert torch.equal(value, torch.arange(start, start + value.numel(), dtype=torch.int64))
+        start += value.numel()
+    _, size = layout(0, [value.nbytes for value in back])
+    expected = len(pieces(size, files_for(1)))
+    assert expected == min(files_for(1), size // PIECE_FROM)  # (this machine's cores: more than one piece here)
+    first, last = back[0].data_ptr(), back[-1].data_ptr() + back[-1].nbytes
+    with open(f"/proc/{me}/maps") as maps:  # the mappings of this result's files (an earlier test's may be kept)
+        ranges = [[int(end, 16) for end in line.split()[0].split("-")] for line in maps if NAME in line]
+    ranges = [(start, end) for start, end in ranges if end > first and start < last]
+    assert len(ranges) == expected and held(me, "fd") == []
+    for (_, end), (following, _) in zip(ranges, ranges[1:]):  # side by side: one range, as the rank laid it out
+        assert end == following
+    del back, value
+    last_run().results.clear()
+    gc.collect()
+    with open(f"/proc/{me}/maps") as maps:  # unmapped with the last of its tensors
+        ranges = [[int(end, 16) for end in line.split()[0].split("-")] for line in maps if NAME in line]
+    assert [(start, end) for start, end in ranges if end > first and start < last] == []
+    no_children_left()
+
+
+def test_pieces_cover_the_layout_in_whole_pages():
+    import mmap
+
+    from notebook_launcher.schema.result_memory import PIECE_FROM, pieces
+
+    for size, files in [(1, 4), (PIECE_FROM - 1, 4), (2 * PIECE_FROM + 5, 2), (10**9 + 7, 4), (10**9, 1)]:
+        cut = pieces(size, files)
+        assert cut[0][0] == 0 and sum(length for _, length in cut) == size
+        assert all(start + length == following for (start, length), (following, _) in zip(cut, cut[1:]))
+        assert all(length % mmap.PAGESIZE == 0 for _, length in cut[:-1]) and len(cut) <= files
+        assert len(cut) == 1 or min(length for _, length in cut[:-1]) >= PIECE_FROM
+
+
+@pytest.mark.parametrize("lie", ["all in the first file", "pieces swapped"])
+def test_files_whose_sizes_are_not_the_pieces_of_the_layout_are_refused(lie):
+    from notebook_launcher.schema.result_memory import PIECE_FROM, MappedResult, pieces
+
+    sizes = [3 * PIECE_FROM]
+    cut = pieces(100 + 64 - 100 % 64 + sizes[0], 2)
+    assert len(cut) == 2
+    files = [os.memfd_create(f"{NAME}test-{piece}", os.MFD_ALLOW_SEALING) for piece in range(2)]
+    lengths = [sum(length for _, length in cut), 0] if lie == "all in the first file" else \
+        [cut[1][1], cut[0][1]]
+    for descriptor, length in zip(files, lengths):
+        os.ftruncate(descriptor, length)
+    with pytest.raises(ValueError, match="its sizes lay out"):
+        MappedResult(files).read(100, sizes)
+    assert [name for name in held(os.getpid(), "fd") + held(os.getpid(), "maps") if "-test-" in name] == []
+
+
+@pytest.mark.processes
+def test_a_kernel_that_cannot_make_result_files_takes_results_through_the_pipe_with_failing_memfd_create(
+        monkeypatch, capfd):
+    def refused(*args):  # (what a kernel at its limit of open files gets)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    back = notebook_launcher(state_dict_and_more, num_processes=2, device="cpu", display="text", results="all")
+    assert torch.equal(back["weight"], torch.randn(1000, 700, generator=torch.Generator().manual_seed(0)))
+    said = capfd.readouterr().out
+    assert said.count("result came through its pipe, not shared memory") == 1, said
+    assert "rank 0's result came through its pipe, not shared memory (the kernel could not make it: OSError: " \
+           "[Errno 24] Too many open files)" in said
+    no_children_left()

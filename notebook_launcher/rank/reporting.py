@@ -17,17 +17,17 @@ from .memory import OutOfMemoryRetry
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def call_and_report(events, call, rank: int, results: str, explain=lambda exc: None, memory_path: str = "") -> int:
+def call_and_report(events, call, rank: int, results: str, explain=lambda exc: None, memory_paths: list = ()) -> int:
     """Run ``call`` (the rank's setup and the user's function); its value or its exception goes to the kernel,
     then the rank's last status. Returns the rank's exit code. ``explain(exc)``: a message in place of the
-    exception's own, or None; ``memory_path``: where a large result is written (``report_result``)."""
+    exception's own, or None; ``memory_paths``: where a large result is written (``report_result``)."""
     try:
-        report_result(events, call(), rank, results, memory_path)
+        report_result(events, call(), rank, results, memory_paths)
         exit_code = 0
     except SystemExit as exc:
         exit_code = _exit_code_of(exc)
         if exit_code == 0:
-            report_result(events, None, rank, results, memory_path)
+            report_result(events, None, rank, results, memory_paths)
         else:
             report_failure(events, exc, exit_code, message=f"the function called sys.exit({exc.code!r})")
     except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
@@ -45,17 +45,17 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def report_result(events, result, rank: int, results: str, memory_path: str = "") -> None:
+def report_result(events, result, rank: int, results: str, memory_paths: list = ()) -> None:
     """The ``result`` event: the value's pickle and its tensors' bytes (``results.pack_result``), written into
-    the kernel's in-memory file at ``memory_path`` where there is one and the result is large (``in_memory``, no
+    the kernel's in-memory files at ``memory_paths`` where there are some and the result is large (``in_memory``, no
     attachment), else through the pipe (with, where writing in memory failed, why: ``memory_failed``)."""
     from ..schema.result_memory import IN_MEMORY_FROM, write_result
     from ..schema.results import pack_result
     from .shards import whole
 
     data, parts = pack_result(to_cpu(whole(result, rank)), rank, results)
-    if memory_path and len(parts) > 1 and data["bytes"] >= IN_MEMORY_FROM:
-        failed = write_result(memory_path, parts)
+    if memory_paths and len(parts) > 1 and data["bytes"] >= IN_MEMORY_FROM:
+        failed = write_result(list(memory_paths), parts)
         if failed:
             data["memory_failed"] = failed
         else:

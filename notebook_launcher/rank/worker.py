@@ -157,7 +157,7 @@ def _run_rank(spec: RankSpec, events: EventWriter, load_function) -> int:
             balance_meter.finish()
 
     exit_code = call_and_report(events, set_up_and_call, spec.rank, spec.results,
-                                explain=lambda exc: _memory_limit_note(spec, exc), memory_path=spec.result_path)
+                                explain=lambda exc: _memory_limit_note(spec, exc), memory_paths=spec.result_paths)
     if exit_code == 0:
         _leave_process_group(spec.world_size)
     return exit_code

@@ -33,7 +33,8 @@ class RankSpec:
     store_listen_fd: int = -1  # rank 0 only: the kernel's listening socket for the TCPStore server
     debug: bool | None = None  # debug mode forced on/off; None: ACCELERATE_DEBUG_MODE decides at each call
     progress_path: str = ""  # the rank's progress record (see ProgressRecord)
-    result_path: str = ""  # the kernel's in-memory file for a large result (see result_memory.py); "": the pipe
+    result_paths: list = field(default_factory=list)  # the kernel's in-memory files for a large result
+    # (see result_memory.py); empty: the pipe
     memory_limit: int = 0  # bytes of address space the worker may use (RLIMIT_AS); 0: no limit
     explicit_store: bool = False  # True: connect to the store at MASTER_ADDR:MASTER_PORT that rank 0 serves
     results: str = "auto"  # which ranks send their return value (see results.py)

@@ -1,21 +1,26 @@
 """A rank's result in memory the kernel maps: its bytes copied once, by the rank, and never through a pipe.
 
-Before a rank starts, the kernel makes an empty in-memory file for it (``memfd_create``: a file with no name in
-any folder, not /dev/shm) and names it to the rank as ``/proc/<kernel pid>/fd/<n>``, as it does the rank's
-progress record. At its end the rank writes its result there (``write_result``: the pickle, then each storage at
-the next multiple of ``ALIGN`` bytes), closes it and sends its ``result`` event with ``in_memory`` and no
-attachment. The kernel seals the file's size, checks it against the layout the event's sizes give, and maps it
-once: each storage of the value is a window of that mapping (``torch.frombuffer``, which keeps the mapping
-alive), so the kernel holds the result once, in the pages the rank wrote. The memory is freed with the last
-tensor of the result.
+Before a rank starts, the kernel makes empty in-memory files for it (``memfd_create``: files with no name in any
+folder, not /dev/shm) and names them to the rank as ``/proc/<kernel pid>/fd/<n>``, as it does the rank's
+progress record. At its end the rank lays its result out (``layout``: the pickle, then each storage at the next
+multiple of ``ALIGN`` bytes), cuts that layout into contiguous pieces (``pieces``), writes each piece into its own
+file from a thread of its own (``write_result``), and sends its ``result`` event with ``in_memory`` and no
+attachment. The kernel seals each file's size, checks it against the piece the event's sizes give, and maps the
+files side by side into one range of its address space: the layout as the rank made it, each storage of the
+value a window of it (``torch.frombuffer``, which keeps the mapping alive). The kernel holds the result once, in
+the pages the rank wrote; they are freed with the last tensor of the result.
 
-Why a file the kernel makes, named by /proc, rather than one the rank makes and passes over a socket, or one in
-/dev/shm: the kernel holds it from before the rank starts to the end of the attempt, so a rank that has exited
+Why several files: a new page costs more than the bytes copied into it, and the pages of one file are made one
+writer at a time (the file's lock), so a large result is written by as many threads as the machine has cores
+for it (``files_for``), each into a file of its own.
+
+Why files the kernel makes, named by /proc, rather than ones the rank makes and passes over a socket, or ones in
+/dev/shm: the kernel holds them from before the rank starts to the end of the attempt, so a rank that has exited
 by the time its event is read has taken nothing with it; and a memfd is gone with its last descriptor and its
 last mapping, so nothing is left behind by a rank killed while writing, a failed run, or a kernel that dies
-(a file in /dev/shm outlives them all unless someone unlinks it). Where the rank cannot write it (memory
-refused, a file size limit), the result goes through the pipe as before and the event says why
-(``memory_failed``).
+(a file in /dev/shm outlives them all unless someone unlinks it). Where the rank cannot write them (memory
+refused, a file size limit) or the kernel could not make them, the result goes through the pipe as before and
+the event says why (``memory_failed``).
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ import ctypes
 import fcntl
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 
-ALIGN = 64  # each storage starts at a multiple of this in the file: aligned for any dtype and vector load
+ALIGN = 64  # each storage starts at a multiple of this in the layout: aligned for any dtype and vector load
 IN_MEMORY_FROM = 2**20  # smaller results (a loss, a few numbers) go through the pipe: a mapping is not worth it
+PIECE_FROM = 32 * 2**20  # a piece of a result written by a thread of its own holds at least this much
+MOST_FILES = 4  # a rank's writers (beyond this the copy is bound by memory, not by the cores making pages)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 def layout(pickle_bytes: int, sizes: list) -> tuple[list, int]:
-    """Where each storage starts in the file, and the file's size: the pickle at 0, then the storages."""
+    """Where each storage starts in the layout, and its size: the pickle at 0, then the storages."""
     offsets, end = [], pickle_bytes
     for size in sizes:
         start = -(-end // ALIGN) * ALIGN
@@ -41,107 +49,154 @@ def layout(pickle_bytes: int, sizes: list) -> tuple[list, int]:
     return offsets, end
 
 
+def pieces(size: int, files: int) -> list[tuple[int, int]]:
+    """(start, length) of each piece of a layout of ``size`` bytes cut for up to ``files`` files: contiguous, each
+    but the last a whole number of pages (so that the kernel can map the files side by side), none smaller than
+    ``PIECE_FROM`` unless the result is."""
+    wanted = max(1, min(files, size // PIECE_FROM))
+    page = mmap.PAGESIZE
+    each = max(page, -(-size // wanted // page) * page)
+    return [(start, min(each, size - start)) for start in range(0, size, each)] or [(0, 0)]
+
+
+def files_for(senders: int) -> int:
+    """How many files (and writing threads) each of ``senders`` ranks gets: the cores this process may use,
+    shared among the ranks that send a result at the same time, at most ``MOST_FILES``."""
+    return max(1, min(MOST_FILES, len(os.sched_getaffinity(0)) // max(1, senders)))
+
+
 # -- worker side --------------------------------------------------------------------------------------------------
-def write_result(path: str, parts: list) -> str:
-    """The pickle and the storages (``parts``, as ``results.pack_result`` gives them) written into the kernel's file
-    at ``path``; "" when done, else why not (the file is then emptied: the result goes through the pipe)."""
+def write_result(paths: list, parts: list) -> str:
+    """The pickle and the storages (``parts``, as ``results.pack_result`` gives them) written into the kernel's
+    files at ``paths``, a piece each, in parallel; "" when done, else why not (the files are then emptied: the
+    result goes through the pipe)."""
     offsets, size = layout(parts[0].nbytes, [part.nbytes for part in parts[1:]])
+    cuts = pieces(size, len(paths))
+    spans = [(offset, memoryview(part).cast("B")) for offset, part in zip([0, *offsets], parts)]
+    descriptors: list[int] = []
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    try:
-        os.ftruncate(descriptor, size)
-        for offset, part in zip([0, *offsets], parts):
-            view, done = memoryview(part).cast("B"), 0
-            while done < view.nbytes:
-                done += os.pwrite(descriptor, view[done:], offset + done)
+        for path in paths[:len(cuts)]:
+            descriptors.append(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        for descriptor, (_, length) in zip(descriptors, cuts):
+            os.ftruncate(descriptor, length)
+        if len(cuts) == 1:
+            _write_piece(descriptors[0], *cuts[0], spans)
+        else:  # (os.pwrite lets go of the GIL: the threads make their files' pages at the same time)
+            with ThreadPoolExecutor(len(cuts), thread_name_prefix="result-writer") as pool:
+                for done in [pool.submit(_write_piece, descriptor, *cut, spans)
+                             for descriptor, cut in zip(descriptors, cuts)]:
+                    done.result()
         return ""
     except OSError as exc:  # (a limit on file sizes: EFBIG; memory the system refuses: ENOSPC, ENOMEM)
-        with contextlib.suppress(OSError):
-            os.ftruncate(descriptor, 0)  # (its pages back to the system now, not at the attempt's end)
+        for descriptor in descriptors:
+            with contextlib.suppress(OSError):
+                os.ftruncate(descriptor, 0)  # (their pages back to the system now, not at the attempt's end)
         return f"{type(exc).__name__}: {exc}"
     finally:
-        os.close(descriptor)
+        for descriptor in descriptors:
+            os.close(descriptor)
+
+
+def _write_piece(descriptor: int, start: int, length: int, spans: list) -> None:
+    """The bytes of the layout from ``start`` to ``start + length`` (of the pickle and storages in ``spans``, each
+    with its offset in the layout), at offset 0 on in the piece's file."""
+    end = start + length
+    for offset, view in spans:
+        low, high = max(offset, start), min(offset + view.nbytes, end)
+        while low < high:
+            low += os.pwrite(descriptor, view[low - offset:high - offset], low - start)
 
 
 # -- kernel side --------------------------------------------------------------------------------------------------
 class ResultFiles:
-    """The kernel's in-memory files of one attempt, one per rank that may send a result (``path_for``), until
-    each is taken with its rank's result (``take``) or the attempt ends (``close``)."""
+    """The kernel's in-memory files of one attempt, for each rank that may send a result (``paths_for``),
+    until they are taken with their rank's result (``take``) or the attempt ends (``close``). ``failed``: why
+    the kernel could make none (its results then come through the pipes, and the run says so once)."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self._files: dict[int, int] = {}
+        self.failed = ""
+        self._files: dict[int, list] = {}
 
-    def path_for(self, rank: int) -> str:
-        """The path ``rank`` writes its result to, or "" (results through the pipe) where none can be made."""
-        if not self.enabled:
-            return ""
+    def paths_for(self, rank: int, files: int = 1) -> list:
+        """The ``files`` paths ``rank`` writes its result to, or [] (results through the pipe) where none can be
+        made."""
+        if not self.enabled or self.failed:
+            return []
+        made: list[int] = []
         try:
-            descriptor = os.memfd_create(f"notebook-launcher-result-{os.getpid()}-{rank}",
-                                         os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        except (OSError, AttributeError):
-            return ""
-        self._files[rank] = descriptor
-        return f"/proc/{os.getpid()}/fd/{descriptor}"
+            for piece in range(files):
+                made.append(os.memfd_create(f"notebook-launcher-result-{os.getpid()}-{rank}-{piece}",
+                                            os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+        except OSError as exc:
+            for descriptor in made:
+                os.close(descriptor)
+            self.failed = f"{type(exc).__name__}: {exc}"
+            return []
+        self._files[rank] = made
+        return [f"/proc/{os.getpid()}/fd/{descriptor}" for descriptor in made]
 
     def take(self, rank: int) -> MappedResult:
-        """``rank``'s file, now that its ``result`` event says the result is in it (ours to close from now on)."""
-        return MappedResult(self._files.pop(rank, -1))
+        """``rank``'s files, now that its ``result`` event says the result is in them (ours to close from now on)."""
+        return MappedResult(self._files.pop(rank, []))
 
     def close(self) -> None:
-        for descriptor in self._files.values():
-            os.close(descriptor)
+        for descriptors in self._files.values():
+            for descriptor in descriptors:
+                os.close(descriptor)
         self._files.clear()
 
 
 class MappedResult:
-    """A ``result`` event's attachment when the rank wrote it in memory: the file, mapped by ``read``."""
+    """A ``result`` event's attachment when the rank wrote it in memory: the files, mapped by ``read``."""
 
-    def __init__(self, descriptor: int):
-        self._descriptor = descriptor
+    def __init__(self, descriptors: list):
+        self._descriptors = list(descriptors)
 
     def __len__(self) -> int:  # (the run log counts attachments by their length: this one has no bytes on the pipe)
         return 0
 
     def read(self, pickle_bytes: int, sizes: list) -> tuple[bytes, list]:
-        """The pickle and a storage for each of ``sizes``, windows of one mapping of the file. The sizes are the
-        rank's word: the file's own size, sealed first so the rank cannot shrink it under the mapping (a SIGBUS
-        here), must be what they lay out, to the byte."""
+        """The pickle and a storage for each of ``sizes``, windows of one mapping of the files. The sizes are the
+        rank's word: each file's own size, sealed first so the rank cannot shrink it under the mapping (a SIGBUS
+        here), must be its piece of what they lay out, to the byte."""
         import torch
 
-        descriptor, self._descriptor = self._descriptor, -1
-        if descriptor < 0:
+        descriptors, self._descriptors = self._descriptors, []
+        if not descriptors:
             raise ValueError("the rank says its result is in memory, but it was given none")
         try:
-            fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, _SEALS)
+            for descriptor in descriptors:
+                fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, _SEALS)
             offsets, size = layout(pickle_bytes, sizes)
-            held = os.fstat(descriptor).st_size
-            if held != size or size == 0:
-                raise ValueError(f"the rank's result in memory is {held} bytes, not the {size} its sizes lay out")
-            mapped = _Mapping(descriptor, size)
+            cuts = pieces(size, len(descriptors))
+            held = [os.fstat(descriptor).st_size for descriptor in descriptors]
+            if held != [length for _, length in cuts] + [0] * (len(held) - len(cuts)) or size == 0:
+                raise ValueError(f"the rank's result in memory is {sum(held)} bytes (files of {held}), not the "
+                                 f"{size} its sizes lay out")
+            mapped = _Mapping(descriptors[:len(cuts)], cuts, size)
         finally:
-            os.close(descriptor)
+            for descriptor in descriptors:
+                os.close(descriptor)
         storages = [torch.frombuffer(mapped.window(offset, count), dtype=torch.uint8).untyped_storage()
                     for offset, count in zip(offsets, sizes)]
         return bytes(mapped.window(0, pickle_bytes)), storages
 
     def close(self) -> None:
-        if self._descriptor >= 0:
-            os.close(self._descriptor)
-            self._descriptor = -1
+        for descriptor in self._descriptors:
+            os.close(descriptor)
+        self._descriptors = []
 
     __del__ = close
 
 
 class _Mapping:
-    """One shared mapping of a file, unmapped when the last of its windows is collected. (Python's own ``mmap``
-    keeps a duplicate of the file's descriptor open as long as it lives: one more open file per result kept.)"""
+    """Files mapped side by side into one range of addresses, unmapped when the last of its windows is collected.
+    (Python's own ``mmap`` maps one file and keeps a duplicate of its descriptor open as long as it lives.)"""
 
     _libc = None
 
-    def __init__(self, descriptor: int, size: int):
+    def __init__(self, descriptors: list, cuts: list, size: int):
         libc = _Mapping._libc
         if libc is None:
             libc = _Mapping._libc = ctypes.CDLL(None, use_errno=True)
@@ -150,11 +205,20 @@ class _Mapping:
                                   ctypes.c_long]
             libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         self.size = 0
-        address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, descriptor, 0)
+        whole = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        # the range first, reserved (no access, no memory), then each file over its part of it
+        address = self._map(None, whole, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE, -1)
+        self.address, self.size = address, whole
+        for descriptor, (start, length) in zip(descriptors, cuts):
+            self._map(address + start, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _FIXED,
+                      descriptor)
+
+    def _map(self, where, length: int, protection: int, flags: int, descriptor: int) -> int:
+        address = self._libc.mmap(where, length, protection, flags, descriptor, 0)
         if address is None or address == ctypes.c_void_p(-1).value:
             error = ctypes.get_errno()
-            raise OSError(error, f"mapping a result of {size} bytes: {os.strerror(error)}")
-        self.address, self.size = address, size
+            raise OSError(error, f"mapping a result of {length} bytes: {os.strerror(error)}")
+        return address
 
     def window(self, offset: int, count: int) -> memoryview:
         """``count`` bytes at ``offset``, writable, keeping this mapping alive as long as they are."""
@@ -165,3 +229,8 @@ class _Mapping:
     def __del__(self):
         if self.size:
             self._libc.munmap(self.address, self.size)
+
+
+_PROT_NONE = 0  # (Linux's values; Python's mmap module names neither before 3.13)
+_FIXED = 0x10  # MAP_FIXED
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)

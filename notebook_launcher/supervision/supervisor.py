@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..schema.events import EXIT, FAILURE, HANG_NOTICE, RESULT, STATUS, Event
 from ..schema.rank_spec import RankSpec
-from ..schema.result_memory import ResultFiles
+from ..schema.result_memory import IN_MEMORY_FROM, ResultFiles, files_for
 from ..schema.status import StopReason
 from .demux import RankDemux
 from .handles import WorkerProcess
@@ -142,9 +142,16 @@ class Supervisor:
             explicit_store=self.store_listen_fd >= 0, debug=self.plan.debug, results=self.plan.results,
             memory_limit=self.plan.memory_limit,
             progress_path=self._hangs.path_for(worker.rank),
-            result_path=self._result_files.path_for(worker.rank)
-            if worker.rank == 0 or self.plan.results != "rank0" else "",
+            result_paths=self._result_paths(worker.rank),
         )
+
+    def _result_paths(self, rank: int) -> list:
+        """Where ``rank`` writes a large result: rank 0's, the large one unless every rank's travels
+        (``results``), gets the cores to itself; under ``results="rank0"`` no other rank sends one."""
+        results, ranks = self.plan.results, self.plan.num_processes
+        if rank != 0 and results == "rank0":
+            return []
+        return self._result_files.paths_for(rank, files_for(1 if rank == 0 and results != "all" else ranks))
 
     def _wait(self, timeout: float | None) -> None:
         self._moments.run_ends = None if timeout is None else time.monotonic() + timeout
@@ -274,13 +281,25 @@ class Supervisor:
         for event in events:  # one at a time: each may stop the run before the next is made
             self._deliver(event)
 
+    def _with_result_files(self, event: Event) -> Event:
+        """A ``result`` event with, as its attachment, the rank's in-memory files where it says the result is in them
+        (``results.unpack_result`` maps them); or, where it came through the pipe because the kernel could make no
+        such file, saying so (``memory_failed``: the run says it once)."""
+        files, data = self._result_files, event.data
+        if data.get("in_memory") and files.enabled:
+            return dataclasses.replace(event, attachment=files.take(event.rank))
+        if files.failed and data.get("storages") and data.get("bytes", 0) >= IN_MEMORY_FROM and \
+                not data.get("memory_failed"):
+            return dataclasses.replace(event, data={**data, "memory_failed": f"the kernel could not make it: "
+                                                                             f"{files.failed}"})
+        return event
+
     def _deliver(self, event: Event) -> None:
         """An event, or a run of plain lines (which can never end the run), to the stall watch and ``on_event``."""
         if self._muted:
             return
-        if event.kind == RESULT and event.data.get("in_memory") and self._result_files.enabled:
-            # its attachment: the rank's in-memory file (results.unpack_result maps it)
-            event = dataclasses.replace(event, attachment=self._result_files.take(event.rank))
+        if event.kind == RESULT:
+            event = self._with_result_files(event)
         self._stall.observe(event)
         self.on_event(event)
         moments = self._moments
