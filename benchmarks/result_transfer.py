@@ -15,9 +15,11 @@ to shared memory and the parent maps it) and the parent takes it; ``memcpy`` cop
 
 - ``total``: from the call to the value in the caller (memcpy: the copy);
 - ``transfer``: from the moment rank 0's function returns (its clock, ``CLOCK_MONOTONIC``, is the caller's) to
-  the value in the caller: the result's way back alone (memcpy: the copy into fresh memory, whose pages are
-  allocated as it goes, as any new copy's are; ``memcpy, touched``: the same copy again into the same memory,
-  the bytes alone);
+  the value in the caller with every process of the launch gone, as a launcher returns it (ours returns then;
+  Lightning's ``ddp_notebook`` joins its processes before it takes the value): the result's way back and the
+  ranks' exits (``queue, before join``: the queue's value in the parent before its processes are joined, the
+  exits left out; memcpy: the copy into fresh memory, whose pages are allocated as it goes, as any new copy's
+  are; ``memcpy, touched``: the same copy again into the same memory, the bytes alone);
 - ``kernel peak``: the caller's peak resident memory above what it held before, after every byte of the result
   has been read (the check), as a multiple of the size; ``rank peak``: the largest child's.
 
@@ -101,10 +103,11 @@ elif MODE == "queue":
     queue, taken = context.SimpleQueue(), context.Event()
     processes = mp.start_processes(queue_rank, args=(queue, taken), nprocs=2, join=False, start_method="fork")
     result = queue.get()
-    done = time.monotonic()
+    value_at = time.monotonic()
     taken.set()
-    while not processes.join():
+    while not processes.join():  # (a launcher returns once its processes are gone: Lightning's joins them first)
         pass
+    done = time.monotonic()
 else:
     from notebook_launcher import notebook_launcher
     result = notebook_launcher(returns_big, num_processes=2, device="cpu", display="text", results="rank0")
@@ -116,6 +119,7 @@ kernel_peak = (status_kb("VmHWM") - before) * 1024
 rank_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print("RESULT " + json.dumps({"total": done - started, "transfer": done - result["returned_at"],
                               "touched": result.get("touched"), "kernel_peak": kernel_peak, "rank_peak": rank_peak,
+                              "before_join": value_at - result["returned_at"] if MODE == "queue" else None,
                               "right": right}))
 '''
 
@@ -177,13 +181,17 @@ def main(argv=None) -> int:
     for size in sizes:  # (memcpy's second copy, into memory already touched: the bytes alone, no new pages)
         samples[size, "memcpy, touched"] = [{"total": value["touched"], "transfer": value["touched"], "right": True}
                                             for value in samples[size, "memcpy"] if value.get("touched") is not None]
+        # (the queue's value in the parent before its processes are joined: the transfer alone, the exits left out)
+        samples[size, "queue, before join"] = [{"total": None, "transfer": value["before_join"], "right": True}
+                                               for value in samples[size, "queue"]
+                                               if value.get("before_join") is not None]
 
     def transfer(size, mode):
         return median([value["transfer"] for value in samples[size, mode] if value.get("transfer") is not None])
 
     for (size, mode), values in samples.items():
         ratios = {other: ratio(transfer(size, mode), transfer(size, other))
-                  for other in ("queue", "memcpy", "memcpy, touched")}
+                  for other in ("queue", "queue, before join", "memcpy", "memcpy, touched")}
         rows.append([f"{size / 2**20:g} MiB / {mode}", spread(values, "total"), spread(values, "transfer"),
                      *(f"{value:.2f}x" if value else "n/a" for value in ratios.values()),
                      spread(values, "kernel_peak", size), spread(values, "rank_peak", size),
@@ -191,11 +199,14 @@ def main(argv=None) -> int:
     rows.sort(key=lambda row: float(row[0].split()[0]))
     print(f"{options.reps} fresh processes each, interleaved; median (min-max); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}")
-    print(table(["size / path", "total (s)", "transfer (s)", "/ queue", "/ memcpy", "/ memcpy, touched",
+    print(table(["size / path", "total (s)", "transfer (s)", "/ queue", "/ queue before join", "/ memcpy",
+                 "/ memcpy, touched",
                  "kernel peak (x size)", "rank peak (x size)", "bytes right"], rows))
     headline = {}
     for size in sizes:
         headline[f"{size / 2**20:g} MiB: ours / queue"] = ratio(transfer(size, "ours"), transfer(size, "queue"))
+        headline[f"{size / 2**20:g} MiB: ours / queue before join"] = ratio(transfer(size, "ours"),
+                                                                          transfer(size, "queue, before join"))
         headline[f"{size / 2**20:g} MiB: ours / memcpy"] = ratio(transfer(size, "ours"), transfer(size, "memcpy"))
     return finish(options, {
         "baseline": options.baseline, "reps": options.reps, "copied": options.copied, "load_before": load_before,
