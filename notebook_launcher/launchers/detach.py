@@ -1,6 +1,8 @@
 """``notebook_launcher(..., detach=True)``: the run is handed to a supervisor process of its own session
 (``detached_supervisor.py``), which outlives this kernel; the call returns a ``DetachedRun`` once the ranks have
-started. What cannot be detached yet is refused here, before any process starts."""
+started. Where fork is safe (the ranks would be forked) the supervisor is a copy of this kernel, else a fresh
+process given the pickled function. What cannot be detached yet is refused here, before any process starts; what
+the fresh supervisor cannot load fails the call too, before it returns."""
 
 from __future__ import annotations
 

@@ -3,12 +3,16 @@ child of the kernel, that runs the launch exactly as a kernel does (``driver.lau
 mode, out-of-memory retries, ``max_restarts``, the run log) and serves its events on the run's socket
 (``run_server``), as a host's agent (``agent.py``) serves them to a remote kernel over its channel.
 
-Started by ``detach.start`` as ``python -m notebook_launcher.launchers.detached_supervisor`` in a new session, it
-forks once more and goes on in the child, so that it is no descendant of the kernel either. stdin carries one
-JSON line (the plan, ``payload_bytes``) then the pickled function and arguments; stdout carries one JSON line
-back, the run's id and folder, once its socket listens. From then on its own output goes to ``supervisor.log``
-in the run folder. It writes rank 0's result and ``outcome.json`` there, tells its clients, and exits: the ranks,
-which die with their parent (``PR_SET_PDEATHSIG``), never outlive it.
+Started by ``detach.start`` in one of two ways, both in a new session and a fork away from the kernel (no process
+of its tree). Where fork is safe (the ranks are forked), the kernel forks it (``run_forked``): a copy of the kernel,
+made a process of its own as a forked rank is (its own streams and signal handlers, none of the kernel's
+descriptors, finalizers or runs); nothing is pickled and no interpreter starts. Elsewhere it is
+``python -m notebook_launcher.launchers.detached_supervisor`` (``main``): stdin carries one JSON line (the plan,
+``payload_bytes``) then the pickled function and arguments, loaded before anything else. Either way the kernel
+gets one JSON line back (``Answer``): the run's id and folder once its socket listens, or what failed before any
+run began. From then on its own output goes to ``supervisor.log`` in the run folder. It writes rank 0's result
+and ``outcome.json`` there, tells its clients, and exits with ``os._exit``: the ranks, which die with their parent
+(``PR_SET_PDEATHSIG``), never outlive it.
 """
 
 from __future__ import annotations
