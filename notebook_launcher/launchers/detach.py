@@ -6,6 +6,7 @@ the fresh supervisor cannot load fails the call too, before it returns."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -101,13 +102,18 @@ def _fork_supervisor(plan: LaunchPlan, config: dict) -> dict:
         with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
             warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
             pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            run_forked(plan, config, write)  # never returns
-    finally:
+    except BaseException:
         gc.unfreeze()
+        os.close(read)
+        os.close(write)
+        raise
+    if pid == 0:  # (the child stays frozen)
+        os.close(read)
+        run_forked(plan, config, write)  # never returns
+    gc.unfreeze()
     os.close(write)
-    os.waitpid(pid, 0)  # the first child only: the supervisor is its child, and goes on
+    with contextlib.suppress(ChildProcessError):  # (reaped already, by whoever reaps every child)
+        os.waitpid(pid, 0)  # the first child only: the supervisor is its child, and goes on
     with open(read, "rb") as pipe:
         line = pipe.readline()
     return _answer(line, "")
