@@ -17,7 +17,6 @@ and ``outcome.json`` there, tells its clients, and exits with ``os._exit``: the 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import faulthandler
 import json
@@ -207,7 +206,7 @@ def main() -> int:
         raise
 
 
-_kernel_objects: list = []  # the kernel's streams, kept: never finalized (flushed, closed) in its copy
+_kernel_objects: list = []  # the kernel's streams and runs, kept: never finalized in its copy (_as_own_process)
 
 
 def run_forked(plan, config: dict, answer_fd: int) -> None:
@@ -233,9 +232,9 @@ def run_forked(plan, config: dict, answer_fd: int) -> None:
 
 def _as_own_process(keep: int) -> None:
     """This copy of the kernel made a process of its own, as a forked rank is (``rank/worker.py``): the kernel's
-    multiprocessing finalizers, signal handlers and exit handlers are not its own, nor its runs (``last_run()``
-    is this run); its output goes to fd 1/2, not through ipykernel's sockets; it holds no descriptor of the
-    kernel's but ``keep`` (a restarted kernel binds its ports again while the run goes on)."""
+    multiprocessing finalizers and signal handlers are not its own, nor its runs (``last_run()`` is this run); its
+    output goes to fd 1/2, not through ipykernel's sockets; it holds no descriptor of the kernel's but ``keep`` (a
+    restarted kernel binds its ports again while the run goes on)."""
     from ..rank.worker import _default_signal_handlers, _reset_multiprocessing_after_fork, _retarget_logging_handlers
     from ..runs import _recent_runs
     from ..schema.results import inherit_kernel_main
@@ -243,11 +242,14 @@ def _as_own_process(keep: int) -> None:
     _reset_multiprocessing_after_fork()
     _default_signal_handlers()
     signal.set_wakeup_fd(-1)  # the kernel's event loop's, closed below
-    atexit._clear()
+    # Kept, not let go: a kernel object finalized here (a stream, a run's panel and comm) could write to the
+    # kernel's sockets, or close a descriptor number the supervisor has reused. (Its atexit handlers never run:
+    # it ends with os._exit.)
+    _kernel_objects.extend((list(_recent_runs), sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, sys.stdin,
+                            sys.__stdin__))
     _recent_runs.clear()
     inherit_kernel_main()  # the notebook's classes in rank 0's value are written as the notebook's
     kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-    _kernel_objects.extend((*kernel_streams, sys.stdin, sys.__stdin__))
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)
