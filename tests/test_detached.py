@@ -395,9 +395,9 @@ def test_a_wrong_detach_for_is_refused(runs_dir, keywords, named):
 
 def test_accelerate_detach_runs_the_cell_detached_and_keeps_what_it_assigns_in_the_run(tmp_path):
     cell = ("%%accelerate -n 2 --detach --text\nimport torch.distributed as dist\n"
-            "answer = dist.get_rank() + 41\n")
+            "with lock:\n    answer = dist.get_rank() + 41\n")
     with running_kernel(tmp_path) as (_, kc, _):
-        _printed(kc, "%load_ext notebook_launcher")
+        _printed(kc, "%load_ext notebook_launcher\nimport threading\nlock = threading.Lock()")  # (forked: not pickled)
         reply, outputs = run_cell(kc, cell, timeout=RESULT_S)
         _assert_ok(reply, outputs)
         assert _panel(outputs)["run_id"]  # the cell shows the run: its handle, displayed
