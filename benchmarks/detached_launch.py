@@ -2,8 +2,10 @@
 
 Run: ``.venv/bin/python benchmarks/detached_launch.py`` (about a minute; ``--reps 9 --hold 1``).
 
-Both launch the same function on 2 CPU ranks (fork, gloo): it prints a line at once, then holds ``--hold`` seconds
-and returns. Repetitions alternate the two ways (the order rotating), so that background load hits both alike.
+Both launch the same function on 2 CPU ranks (gloo, ``--start-method``, fork by default): it prints a line at once,
+then holds ``--hold`` seconds and returns. Under fork the detached run's supervisor is a copy of this process; under
+spawn (``--start-method spawn``) a fresh interpreter, which imports torch before its ranks start. Repetitions
+alternate the two ways (the order rotating), so that background load hits both alike.
 
 - ``first line``: from the call to the time the first line was written by a rank (its event's time:
   CLOCK_MONOTONIC, the same clock in every process of this machine). Foreground: seen by a display passed in;
@@ -54,16 +56,16 @@ class FirstLine:
         pass
 
 
-def foreground(seconds: float) -> dict:
+def foreground(seconds: float, start_method: str) -> dict:
     shown = FirstLine()
     started = time.monotonic()
-    notebook_launcher(hold, args=(seconds,), num_processes=2, device="cpu", start_method="fork", display=shown)
+    notebook_launcher(hold, args=(seconds,), num_processes=2, device="cpu", start_method=start_method, display=shown)
     return {"first line": shown.first - started, "return": time.monotonic() - started}
 
 
-def detached(seconds: float) -> dict:
+def detached(seconds: float, start_method: str) -> dict:
     started = time.monotonic()
-    run = notebook_launcher(hold, args=(seconds,), num_processes=2, device="cpu", start_method="fork",
+    run = notebook_launcher(hold, args=(seconds,), num_processes=2, device="cpu", start_method=start_method,
                             display="text", detach=True)
     returned = time.monotonic() - started
     first, seen = [], threading.Event()
@@ -85,6 +87,7 @@ def main(argv=None) -> int:
     parser = arguments(__doc__, "detached_launch")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--hold", type=float, default=1.0)
+    parser.add_argument("--start-method", choices=("fork", "spawn"), default="fork")
     options = parse(parser, argv, smoke={"reps": 1, "hold": 0.1})
     os.environ.setdefault("NOTEBOOK_LAUNCHER_RUNS_DIR", tempfile.mkdtemp(prefix="detached-bench-"))
     ways = {"foreground": foreground, "detached": detached}
@@ -92,7 +95,7 @@ def main(argv=None) -> int:
     for rep in range(options.reps + 1):  # the first: warm-up
         order = list(ways) if rep % 2 == 0 else list(reversed(ways))
         for way in order:
-            measured = ways[way](options.hold)
+            measured = ways[way](options.hold, options.start_method)
             if rep:
                 samples[way].append(measured)
     rows, summary = [], {}
@@ -105,9 +108,9 @@ def main(argv=None) -> int:
     ratios = {what: summary[f"detached {what}"] / summary[f"foreground {what}"] for what in ("first line", "return")}
     print(table(["", "median ms", "spread ms"], rows))
     print(f"detached / foreground: first line {ratios['first line']:.2f}x, return {ratios['return']:.2f}x "
-          f"(hold {options.hold:g} s, {options.reps} reps, load {os.getloadavg()[0]:.1f})")
+          f"({options.start_method}, hold {options.hold:g} s, {options.reps} reps, load {os.getloadavg()[0]:.1f})")
     return finish(options, {"samples": samples, "medians": summary, "ratios": ratios, "hold_s": options.hold,
-                            "reps": options.reps, "load": os.getloadavg()},
+                            "start_method": options.start_method, "reps": options.reps, "load": os.getloadavg()},
                   {f"detached / foreground, {what}": value for what, value in ratios.items()})
 
 

@@ -190,7 +190,7 @@ class AccelerateMagics(Magics):
         else:
             return_names = names_assigned(tree)
         keywords = {settings["dest"]: getattr(args, settings["dest"]) for _, settings in KEYWORD_OPTIONS}
-        if keywords["detach"] or planning.spawns(keywords["start_method"], keywords["device"]):
+        if planning.spawns(keywords["start_method"], keywords["device"]):  # (a detached run's supervisor too)
             _check_picklable(namespace, "--detach" if keywords["detach"] else "")
         count = max(1, getattr(self.shell, "execution_count", 1) - 1)  # IPython counts this cell already
         filename = f"<accelerate cell In[{count}]>"

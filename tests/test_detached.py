@@ -61,11 +61,14 @@ def train(folder, fail=False):
 def _no_supervisor_left(runs_dir):
     """After each test, whatever it asserted: a supervisor of its runs still alive is killed (its ranks die with
     it), so that a failing test leaves nothing running."""
+    from notebook_launcher.schema.detached_files import process_start
+
     yield
     for folder in runs_dir.glob("*/supervisor.json") if runs_dir.exists() else ():
         with contextlib.suppress(psutil.Error, ValueError, KeyError):  # (a damaged file a test wrote: none)
-            process = psutil.Process(json.loads(folder.read_text())["pid"])
-            if "detached_supervisor" in " ".join(process.cmdline()):
+            described = json.loads(folder.read_text())
+            if process_start(described["pid"]) == described["start"]:  # (forked from a kernel: its command line)
+                process = psutil.Process(described["pid"])
                 process.kill()
                 process.wait(GONE_S)
 
@@ -124,6 +127,71 @@ def test_a_detached_run_outlives_its_kernel_and_a_new_kernel_gets_rank_0s_value(
     run_dir = runs_dir / run_id
     assert not (run_dir / "supervisor.sock").exists()
     assert {oct(os.stat(run_dir / name).st_mode & 0o777) for name in ("outcome.json", "result.bin")} == {"0o600"}
+
+
+CHECKPOINT = '''\
+import os, time
+from notebook_launcher import notebook_launcher
+
+class Checkpoint:
+    def __init__(self, step):
+        self.step = step
+
+def train(folder):
+    import torch.distributed as dist
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.05)
+    return Checkpoint(100 + dist.get_rank())
+'''
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:"):
+                inodes.add(target)
+    return inodes
+
+
+def test_a_forked_supervisor_holds_no_kernel_socket_and_gives_back_the_notebooks_own_class(tmp_path, runs_dir):
+    """Where fork is safe the supervisor is a copy of the kernel: it must hold none of the kernel's sockets (the
+    kernel restarts on its ports while the run goes on), and a class of the notebook in rank 0's value comes back
+    as the notebook's class: in the launching kernel, and in a new one once the class is defined there again."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    with running_kernel(tmp_path) as (km, kc, kernel):
+        printed = _printed(kc, CHECKPOINT + f"run = notebook_launcher(train, args=({str(folder)!r},), "
+                                            f"num_processes=2, detach=True, display='text')\n"
+                                            f"print(run.described['start_method'], run.run_id)", timeout=RESULT_S)
+        start_method, run_id = printed.split()[-2:]
+        assert start_method == "fork", printed
+        supervisor = _supervisor(runs_dir)
+        assert os.getsid(supervisor) != os.getsid(kernel.pid) and psutil.Process(supervisor).ppid() != kernel.pid
+        held = _socket_inodes(supervisor) & _socket_inodes(kernel.pid)
+        assert not held, f"the supervisor holds the kernel's sockets {held}"
+        ports = {km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port}
+        assert not [c for c in psutil.Process(supervisor).net_connections() if c.laddr and c.laddr.port in ports]
+        km.restart_kernel(now=True)  # the same ports, bound again by the new kernel while the run goes on
+        kc.wait_for_ready(timeout=RESULT_S)
+        restarted = psutil.Process(km.provisioner.process.pid)
+        assert restarted.pid != kernel.pid and psutil.pid_exists(supervisor)
+        (folder / "go").write_text("")
+        printed = _printed(kc, CHECKPOINT + f"from notebook_launcher import attach\n"
+                                            f"value = attach({run_id!r}).result(timeout=None)\n"
+                                            f"print(isinstance(value, Checkpoint), value.step)\n"
+                                            f"run = notebook_launcher(train, args=({str(folder)!r},), "
+                                            f"num_processes=2, detach=True, display='text')\n"
+                                            f"value = run.result(timeout=None)\n"
+                                            f"print(isinstance(value, Checkpoint), value.step)", timeout=RESULT_S)
+        assert printed.split() == ["True", "100", "True", "100"], printed  # a new kernel's, then the launching one's
+    _assert_nothing_left([supervisor, _supervisor_of(runs_dir, exclude=run_id), restarted.pid])
+
+
+def _supervisor_of(runs_dir, exclude: str) -> int:
+    (run_id,) = set(os.listdir(runs_dir)) - {exclude}
+    return json.load(open(os.path.join(runs_dir, run_id, "supervisor.json")))["pid"]
 
 
 def test_a_failing_detached_run_raises_the_foreground_runs_error(tmp_path):
@@ -235,7 +303,7 @@ def test_what_cannot_be_detached_is_refused_before_anything_starts(runs_dir, key
     assert not runs_dir.exists() or not os.listdir(runs_dir)
 
 
-def test_a_function_that_cannot_be_pickled_is_refused_for_detach(runs_dir):
+def test_a_function_that_cannot_be_pickled_is_refused_where_the_supervisor_is_spawned(runs_dir):
     import threading
 
     from notebook_launcher import LaunchArgumentError, notebook_launcher
@@ -247,8 +315,34 @@ def test_a_function_that_cannot_be_pickled_is_refused_for_detach(runs_dir):
             return 1
 
     with pytest.raises(LaunchArgumentError, match=r"`lock` \(a lock\).*detach=True"):
-        notebook_launcher(uses_a_lock, num_processes=2, detach=True)
+        notebook_launcher(uses_a_lock, num_processes=2, detach=True, start_method="spawn")
     assert not runs_dir.exists() or not os.listdir(runs_dir)
+    # forked (fork is safe here), nothing is pickled: the function runs as a foreground forked run's does
+    run = notebook_launcher(uses_a_lock, num_processes=2, detach=True, display="text")
+    assert run.described["start_method"] == "fork" and run.result(timeout=RESULT_S) == 1
+    _assert_nothing_left([_supervisor(runs_dir)])
+
+
+def _cannot_be_rebuilt(text):
+    raise RuntimeError(text)
+
+
+class _LoadsNowhere:
+    """Pickles in the kernel; rebuilding it anywhere raises, as an object whose module is not importable does."""
+
+    def __reduce__(self):
+        return _cannot_be_rebuilt, ("this object cannot be rebuilt in another process",)
+
+
+def test_arguments_the_spawned_supervisor_cannot_load_fail_the_launch_in_the_kernel(runs_dir):
+    from notebook_launcher import LaunchArgumentError, notebook_launcher
+
+    with pytest.raises(LaunchArgumentError, match=r"(?s)could not load the function and its arguments.*RuntimeError: "
+                                                  r"this object cannot be rebuilt in another process\. No run was "
+                                                  r"started.*In the supervisor:.*_cannot_be_rebuilt"):
+        notebook_launcher(_twice, args=(_LoadsNowhere(),), num_processes=2, detach=True, start_method="spawn",
+                          display="text")
+    assert not runs_dir.exists() or not os.listdir(runs_dir)  # no run folder: nothing began
 
 
 def test_attaching_to_an_unknown_damaged_or_foreign_run_is_a_clear_error(runs_dir):
@@ -301,9 +395,9 @@ def test_a_wrong_detach_for_is_refused(runs_dir, keywords, named):
 
 def test_accelerate_detach_runs_the_cell_detached_and_keeps_what_it_assigns_in_the_run(tmp_path):
     cell = ("%%accelerate -n 2 --detach --text\nimport torch.distributed as dist\n"
-            "answer = dist.get_rank() + 41\n")
+            "with lock:\n    answer = dist.get_rank() + 41\n")
     with running_kernel(tmp_path) as (_, kc, _):
-        _printed(kc, "%load_ext notebook_launcher")
+        _printed(kc, "%load_ext notebook_launcher\nimport threading\nlock = threading.Lock()")  # (forked: not pickled)
         reply, outputs = run_cell(kc, cell, timeout=RESULT_S)
         _assert_ok(reply, outputs)
         assert _panel(outputs)["run_id"]  # the cell shows the run: its handle, displayed

@@ -1,14 +1,19 @@
 """``notebook_launcher(..., detach=True)``: the run is handed to a supervisor process of its own session
 (``detached_supervisor.py``), which outlives this kernel; the call returns a ``DetachedRun`` once the ranks have
-started. What cannot be detached yet is refused here, before any process starts."""
+started. Where fork is safe (the ranks would be forked) the supervisor is a copy of this kernel, else a fresh
+process given the pickled function. What cannot be detached yet is refused here, before any process starts; what
+the fresh supervisor cannot load fails the call too, before it returns."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import subprocess
 import sys
+import warnings
 
 from ..detached import DetachedRun
 from ..display.panel import wants_panel
@@ -16,7 +21,7 @@ from ..errors import LaunchArgumentError
 from ..launch_plan import LaunchPlan
 from .payload import spawn_payload
 
-_NOT_CARRIED = ("function", "args", "xla")  # the function and args travel pickled; XLA is refused
+_NOT_CARRIED = ("function", "args", "xla")  # the function and args: inherited, or pickled; XLA is refused
 
 
 def check_detachable(plan: LaunchPlan, hosts, display) -> None:
@@ -68,16 +73,57 @@ def _payload(plan: LaunchPlan) -> bytes:
 
 def start(plan: LaunchPlan, hosts=None, display: str = "auto", detach_for: float | None = None,
           started_timeout: float | None = 300.0) -> DetachedRun:
-    """Start the run's supervisor, then return its handle once its ranks started (or it ended first)."""
+    """Start the run's supervisor, then return its handle once its ranks started (or it ended first).
+
+    Where the ranks would be forked (``plan.start_method == "fork"``: fork is safe here), the supervisor is a
+    copy of this kernel, forked twice into a session of its own: nothing is pickled, and no interpreter starts
+    (no ``import torch``). Elsewhere it is a fresh process that loads the pickled function and arguments."""
     check_detachable(plan, hosts, display)
-    payload = _payload(plan)
     carried = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name not in _NOT_CARRIED}
     prefix = plan.log_line_prefix_template
     describe = {"device": plan.device, "backend": plan.backend, "start_method": plan.start_method,
                 "num_processes": plan.num_processes, "world_size": plan.world_size, "prefix": prefix,
                 "ranks": [plan.global_rank(local) for local in range(plan.num_processes)]}
-    config = {"plan": json.loads(json.dumps(carried)), "describe": describe, "payload_bytes": len(payload),
-              "detach_for": detach_for}
+    config = {"plan": json.loads(json.dumps(carried)), "describe": describe, "detach_for": detach_for}
+    answer = _fork_supervisor(plan, config) if plan.start_method == "fork" else _spawn_supervisor(plan, config)
+    run = DetachedRun(answer["run_dir"], panel=wants_panel(display))
+    run.wait_started(started_timeout)
+    return run
+
+
+def _fork_supervisor(plan: LaunchPlan, config: dict) -> dict:
+    """The supervisor as a copy of this kernel (``detached_supervisor.run_forked``). The kernel's garbage is
+    frozen across the fork, as for a forked rank: none of its finalizers runs in the copy."""
+    from .detached_supervisor import run_forked
+
+    read, write = os.pipe()
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            pid = os.fork()
+    except BaseException:
+        gc.unfreeze()
+        os.close(read)
+        os.close(write)
+        raise
+    if pid == 0:  # (the child stays frozen)
+        os.close(read)
+        run_forked(plan, config, write)  # never returns
+    gc.unfreeze()
+    os.close(write)
+    with contextlib.suppress(ChildProcessError):  # (reaped already, by whoever reaps every child)
+        os.waitpid(pid, 0)  # the first child only: the supervisor is its child, and goes on
+    with open(read, "rb") as pipe:
+        line = pipe.readline()
+    return _answer(line, "")
+
+
+def _spawn_supervisor(plan: LaunchPlan, config: dict) -> dict:
+    """The supervisor as a fresh process (``python -m ...detached_supervisor``): the plan and the pickled
+    function and arguments on its stdin."""
+    payload = _payload(plan)
+    config = {**config, "payload_bytes": len(payload)}
     process = subprocess.Popen([sys.executable, "-m", "notebook_launcher.launchers.detached_supervisor"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True, cwd=os.getcwd())
@@ -86,16 +132,24 @@ def start(plan: LaunchPlan, hosts=None, display: str = "auto", detach_for: float
         process.stdin.close()
     except BrokenPipeError:
         pass
-    answer = process.stdout.readline()
+    line = process.stdout.readline()
     process.stdout.close()
-    if not answer:
-        problem = process.stderr.read().decode(errors="replace").strip()
-        process.wait()
-        raise RuntimeError(f"the detached run's supervisor could not start (exit code {process.returncode}):\n"
-                           f"{problem[-4000:]}")
+    problem = "" if line else process.stderr.read().decode(errors="replace").strip()
     process.stderr.close()
     process.wait()  # (the first process only: the supervisor is its child, and goes on)
-    run = DetachedRun(json.loads(answer)["run_dir"], panel=wants_panel(display))
-    run.wait_started(started_timeout)
-    return run
+    return _answer(line, problem or f"exit code {process.returncode}")
 
+
+def _answer(line: bytes, problem: str) -> dict:
+    """The supervisor's one line: the run's folder, else the error that says why no run began."""
+    if not line:
+        raise RuntimeError(f"the detached run's supervisor could not start: {problem[-4000:] or 'it ended first'}")
+    answer = json.loads(line)
+    if "error" not in answer:
+        return answer
+    told = f"detach=True: the run's supervisor {answer['error']}: {answer['cause']}. No run was started."
+    if answer.get("kind") == "payload":
+        told += (" What the function and its arguments refer to must load in a fresh process as it does here (a "
+                 "module on sys.path, or defined in the notebook); or create it inside the function.")
+        raise LaunchArgumentError(f"{told}\n\nIn the supervisor:\n{answer['traceback']}")
+    raise RuntimeError(f"{told}\n\nIn the supervisor:\n{answer['traceback']}")

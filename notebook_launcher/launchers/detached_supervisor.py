@@ -3,17 +3,22 @@ child of the kernel, that runs the launch exactly as a kernel does (``driver.lau
 mode, out-of-memory retries, ``max_restarts``, the run log) and serves its events on the run's socket
 (``run_server``), as a host's agent (``agent.py``) serves them to a remote kernel over its channel.
 
-Started by ``detach.start`` as ``python -m notebook_launcher.launchers.detached_supervisor`` in a new session, it
-forks once more and goes on in the child, so that it is no descendant of the kernel either. stdin carries one
-JSON line (the plan, ``payload_bytes``) then the pickled function and arguments; stdout carries one JSON line
-back, the run's id and folder, once its socket listens. From then on its own output goes to ``supervisor.log``
-in the run folder. It writes rank 0's result and ``outcome.json`` there, tells its clients, and exits: the ranks,
-which die with their parent (``PR_SET_PDEATHSIG``), never outlive it.
+Started by ``detach.start`` in one of two ways, both in a new session and a fork away from the kernel (no process
+of its tree). Where fork is safe (the ranks are forked), the kernel forks it (``run_forked``): a copy of the kernel,
+made a process of its own as a forked rank is (its own streams and signal handlers, none of the kernel's
+descriptors, finalizers or runs); nothing is pickled and no interpreter starts. Elsewhere it is
+``python -m notebook_launcher.launchers.detached_supervisor`` (``main``): stdin carries one JSON line (the plan,
+``payload_bytes``) then the pickled function and arguments, loaded before anything else. Either way the kernel
+gets one JSON line back (``Answer``): the run's id and folder once its socket listens, or what failed before any
+run began. From then on its own output goes to ``supervisor.log`` in the run folder. It writes rank 0's result
+and ``outcome.json`` there, tells its clients, and exits with ``os._exit``: the ranks, which die with their parent
+(``PR_SET_PDEATHSIG``), never outlive it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -114,15 +119,31 @@ def _lifetime(server, seconds: float) -> None:
             return
 
 
-def main() -> int:
-    from ..launch_plan import LaunchPlan
-    from .agent import _load
+class Answer:
+    """The one line the kernel waits for on ``fd`` (then closed): the run's id and folder, or why none began."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send(self, message: dict) -> None:
+        if self.fd >= 0:
+            os.write(self.fd, json.dumps(message).encode() + b"\n")
+            os.close(self.fd)
+            self.fd = -1
+
+    def refuse(self, what: str, kind: str = "start") -> None:
+        """In an ``except`` block, before any answer: what failed, with the traceback's last lines."""
+        error = sys.exc_info()[1]
+        self.send({"error": what, "kind": kind, "cause": f"{type(error).__name__}: {error}",
+                   "traceback": traceback.format_exc()[-4000:]})
+
+
+def serve(config: dict, make_plan, answer: Answer) -> int:
+    """The run: its folder and socket, the answer, then the launch and its outcome. ``make_plan()``: the
+    ``LaunchPlan``, function and arguments included."""
     from .driver import launch
     from .run_server import RunServer
 
-    stdin = sys.stdin.buffer
-    config = json.loads(stdin.readline())
-    payload = stdin.read(config["payload_bytes"])
     log = RunLog()
     folder_fd = os.open(log.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     hello = {**config["describe"], "run_id": log.run_id, "run_dir": log.path, "pid": os.getpid()}
@@ -132,19 +153,17 @@ def main() -> int:
     if config.get("detach_for"):
         threading.Thread(target=_lifetime, args=(server, config["detach_for"]), daemon=True,
                          name="detach-for").start()
-    answer = os.dup(1)
     output = os.open(log.file("supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((output, 1), (output, 2), (null, 0)):
         os.dup2(fd, target)
-    os.write(answer, json.dumps({"run_id": log.run_id, "run_dir": log.path}).encode() + b"\n")
-    os.close(answer)  # the kernel reads the line and may go: nothing here writes to it again
+    os.close(output)
+    os.close(null)
+    answer.send({"run_id": log.run_id, "run_dir": log.path})  # the kernel may go: nothing is written to it again
     error: BaseException | None = None
     result_type = None
     try:
-        function, args = _load(payload)
-        plan = LaunchPlan(**config["plan"], function=function, args=tuple(args), xla=None)
-        value = launch(plan, BroadcastDisplay(server), log=log)
+        value = launch(make_plan(), BroadcastDisplay(server), log=log)
         result_type = type(value).__name__
         _write_result(log.path, value)
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run is its outcome
@@ -162,6 +181,87 @@ def main() -> int:
     server.publish({"end": outcome})
     server.close()
     return 0
+
+
+def main() -> int:
+    """A fresh process (``python -m``): the plan and the payload on stdin, the answer on stdout."""
+    from ..launch_plan import LaunchPlan
+    from .agent import _load
+
+    stdin = sys.stdin.buffer
+    config = json.loads(stdin.readline())
+    payload = stdin.read(config["payload_bytes"])
+    answer = Answer(os.dup(1))
+    os.dup2(2, 1)  # what loading the payload prints is not the answer
+    try:  # before the run's folder exists: what does not load here fails the launch, in the kernel
+        function, args = _load(payload)
+    except BaseException:  # noqa: BLE001 - whatever the user's objects raise, named to the kernel
+        answer.refuse("could not load the function and its arguments sent by the kernel (cloudpickle)", "payload")
+        return 1
+    try:
+        return serve(config, lambda: LaunchPlan(**config["plan"], function=function, args=tuple(args), xla=None),
+                     answer)
+    except BaseException:  # noqa: BLE001 - before the answer (the run's folder, its socket): to the kernel
+        answer.refuse("could not start")
+        raise
+
+
+_kernel_objects: list = []  # the kernel's streams and runs, kept: never finalized in its copy (_as_own_process)
+
+
+def run_forked(plan, config: dict, answer_fd: int) -> None:
+    """In the kernel's child (``detach.start`` where fork is safe): a new session, a fork more (the first child
+    exits, reaped by the kernel), then the supervisor, a copy of the kernel made a process of its own. Nothing
+    was pickled: the ranks it forks inherit the notebook as a foreground run's do. Never returns."""
+    code = 70  # EX_SOFTWARE, if even the setup fails
+    try:
+        os.setsid()
+        if os.fork() > 0:
+            os._exit(0)
+        answer = Answer(answer_fd)
+        try:
+            _as_own_process(keep=answer_fd)
+            threading.current_thread().name = "detached-supervisor"
+            code = serve(config, lambda: plan, answer)
+        except BaseException:  # noqa: BLE001 - before the answer: to the kernel; after it, the run's outcome
+            answer.refuse("could not start")
+            traceback.print_exc()
+    finally:
+        os._exit(code)  # no finalizer, atexit handler or thread of the kernel's runs here
+
+
+def _as_own_process(keep: int) -> None:
+    """This copy of the kernel made a process of its own, as a forked rank is (``rank/worker.py``): the kernel's
+    multiprocessing finalizers and signal handlers are not its own, nor its runs (``last_run()`` is this run); its
+    output goes to fd 1/2, not through ipykernel's sockets; it holds no descriptor of the kernel's but ``keep`` (a
+    restarted kernel binds its ports again while the run goes on)."""
+    from ..rank.worker import _default_signal_handlers, _reset_multiprocessing_after_fork, _retarget_logging_handlers
+    from ..runs import _recent_runs
+    from ..schema.results import inherit_kernel_main
+
+    _reset_multiprocessing_after_fork()
+    _default_signal_handlers()
+    signal.set_wakeup_fd(-1)  # the kernel's event loop's, closed below
+    # Kept, not let go: a kernel object finalized here (a stream, a run's panel and comm) could write to the
+    # kernel's sockets, or close a descriptor number the supervisor has reused. (Its atexit handlers never run:
+    # it ends with os._exit.)
+    _kernel_objects.extend((list(_recent_runs), sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, sys.stdin,
+                            sys.__stdin__))
+    _recent_runs.clear()
+    inherit_kernel_main()  # the notebook's classes in rank 0's value are written as the notebook's
+    kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    kept = sorted({0, 1, 2, keep})
+    for low, high in zip(kept, kept[1:] + [os.sysconf("SC_OPEN_MAX")]):
+        os.closerange(low + 1, high)  # (the null above too)
+    sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    _retarget_logging_handlers(kernel_streams)
+    if faulthandler.is_enabled():  # (the kernel's file may be closed now)
+        faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 if __name__ == "__main__":
