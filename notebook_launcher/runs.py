@@ -114,6 +114,15 @@ def recent_runs(running: bool = False) -> list:
     return list(_recent_runs)
 
 
+def forget_all() -> list:
+    """Every run of this process, let go of: ``last_run()`` is None until the next launch. (A forked copy of the
+    kernel that supervises a detached run starts with none of the kernel's runs; it keeps the list returned, so
+    that nothing of the kernel's is finalized in it.)"""
+    runs = list(_recent_runs)
+    _recent_runs.clear()
+    return runs
+
+
 def remember(run: Run) -> None:
     """A launch has begun: it is ``last_run()`` from now on, even if it fails before any rank starts. The earlier
     runs keep their events in memory while they hold at most ``MAX_RECENT_BYTES`` together; past that the oldest

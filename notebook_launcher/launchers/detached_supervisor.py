@@ -235,19 +235,18 @@ def _as_own_process(keep: int) -> None:
     multiprocessing finalizers and signal handlers are not its own, nor its runs (``last_run()`` is this run); its
     output goes to fd 1/2, not through ipykernel's sockets; it holds no descriptor of the kernel's but ``keep`` (a
     restarted kernel binds its ports again while the run goes on)."""
-    from ..rank.worker import _default_signal_handlers, _reset_multiprocessing_after_fork, _retarget_logging_handlers
-    from ..runs import _recent_runs
+    from ..rank.worker import default_signal_handlers, reset_multiprocessing_after_fork, retarget_logging_handlers
+    from ..runs import forget_all
     from ..schema.results import inherit_kernel_main
 
-    _reset_multiprocessing_after_fork()
-    _default_signal_handlers()
+    reset_multiprocessing_after_fork()
+    default_signal_handlers()
     signal.set_wakeup_fd(-1)  # the kernel's event loop's, closed below
     # Kept, not let go: a kernel object finalized here (a stream, a run's panel and comm) could write to the
     # kernel's sockets, or close a descriptor number the supervisor has reused. (Its atexit handlers never run:
     # it ends with os._exit.)
-    _kernel_objects.extend((list(_recent_runs), sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, sys.stdin,
+    _kernel_objects.extend((forget_all(), sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, sys.stdin,
                             sys.__stdin__))
-    _recent_runs.clear()
     inherit_kernel_main()  # the notebook's classes in rank 0's value are written as the notebook's
     kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     null = os.open(os.devnull, os.O_RDWR)
@@ -259,7 +258,7 @@ def _as_own_process(keep: int) -> None:
     sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
-    _retarget_logging_handlers(kernel_streams)
+    retarget_logging_handlers(kernel_streams)
     if faulthandler.is_enabled():  # (the kernel's file may be closed now)
         faulthandler.enable(file=sys.stderr, all_threads=True)
 

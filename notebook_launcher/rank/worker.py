@@ -53,7 +53,7 @@ def run_forked(spec: RankSpec, function, args, inherited_fds_to_close, process_g
     exit_code = 70  # EX_SOFTWARE, if even the setup below fails
     try:
         _own_process_group(process_group)
-        _reset_multiprocessing_after_fork()
+        reset_multiprocessing_after_fork()
         inherit_kernel_main()  # the notebook's classes in a result come back as the notebook's
         for fd in inherited_fds_to_close:
             try:
@@ -74,7 +74,7 @@ def _own_process_group(group: int) -> None:
         os.setpgid(0, 0)
 
 
-def _reset_multiprocessing_after_fork() -> None:
+def reset_multiprocessing_after_fork() -> None:
     """What multiprocessing does in a child it forks itself: the kernel's finalizers are not the rank's, and
     objects registered for it (a ``multiprocessing.Queue`` made in the notebook) are reset, so that a rank's
     ``put()`` is not lost to a feeder thread that exists only in the kernel."""
@@ -107,7 +107,7 @@ def _load_payload(path: str):
 def _run(spec: RankSpec, load_function) -> int:
     die_with_parent(spec.parent_pid)
     become_subreaper()  # what the user's code starts, even by a double fork, stays below this rank
-    _default_signal_handlers()
+    default_signal_handlers()
     atexit._clear()  # the kernel's exit handlers are not the worker's; the user's own run at the end
     if spec.device == "xla":  # this process is torch_xla's host of every rank: each ordinal writes its own
         from .xla_host import OrdinalWriters, run_host
@@ -119,7 +119,7 @@ def _run(spec: RankSpec, load_function) -> int:
     kernel_streams = _capture_streams(spec, events)
     install_event_logging(kernel_streams)
     install_rich_output()  # display(), figures, widgets: as events, not on the kernel's sockets
-    _retarget_logging_handlers(kernel_streams)
+    retarget_logging_handlers(kernel_streams)
     if spec.device == "xla":
         exit_code = run_host(spec, events, load_function)
     else:
@@ -178,7 +178,7 @@ def _no_input(prompt=""):
                    "through args=(...)")
 
 
-def _default_signal_handlers() -> None:
+def default_signal_handlers() -> None:
     """A forked worker inherits the kernel's Python signal handlers (torch elastic and Accelerate leave theirs
     installed): the launcher's SIGTERM must end the worker at once, not become an exception in user code."""
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -207,7 +207,7 @@ def _capture_streams(spec: RankSpec, events: EventWriter) -> tuple:
     return previous
 
 
-def _retarget_logging_handlers(previous_streams) -> None:
+def retarget_logging_handlers(previous_streams) -> None:
     """Handlers the kernel set up on its own stdout/stderr would write through ipykernel's sockets from the
     child (slow, and lost after the cell ends): point them at the worker's streams."""
     previous_ids = {id(stream): index for index, stream in enumerate(previous_streams)}
