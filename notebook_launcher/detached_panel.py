@@ -13,11 +13,16 @@ from .schema.detached_files import LOST
 
 
 def new_panel(run) -> PanelDisplay:
-    """The run's panel, shown now in the cell that asks (its display id is what a thread updates later)."""
+    """The run's panel, shown now in the cell that asks (its display id is what a thread updates later). Its
+    state says the run is detached, and its comm, held before the output reaches the page, takes a panel's
+    ``{"want": "stop"}`` (the Runs sidebar's stop button) as ``run.stop()``, without waiting for the end."""
     described = run.described
     state = RunState(run.run_id, run.run_dir, described["device"], described["backend"], described["start_method"],
-                     described["num_processes"], described["world_size"], list(described["ranks"]))
+                     described["num_processes"], described["world_size"], list(described["ranks"]), detached=True)
     panel = PanelDisplay(state, described["prefix"])
+    channel = panel.channel()
+    if channel is not None:
+        channel.stoppable(run.run_id, lambda: run.stop(timeout=0))
     panel.publish()
     return panel
 
