@@ -10,6 +10,7 @@ from .display.panel import PanelDisplay
 from .display.replay import read_events
 from .display.state import RunState
 from .schema.detached_files import LOST
+from .schema.status import RunStatus
 
 
 def new_panel(run) -> PanelDisplay:
@@ -25,6 +26,16 @@ def new_panel(run) -> PanelDisplay:
         channel.stoppable(run.run_id, lambda: run.stop(timeout=0))
     panel.publish()
     return panel
+
+
+def ticker(panel: PanelDisplay):
+    """The panel's ``tick`` while the run goes on, for its connection's quiet moments (``Follower``'s
+    ``on_idle``): a page that asked gets the state, the output's clock moves. Never after the end, whose output
+    stays as the end made it."""
+    def tick() -> None:
+        if panel.state.status in (RunStatus.STARTING, RunStatus.RUNNING):
+            panel.tick()
+    return tick
 
 
 def feed(panel: PanelDisplay, header: dict, attachment: bytes) -> None:
@@ -63,5 +74,5 @@ def show_panel(run) -> PanelDisplay:
         if not ended and run.wait_ended():  # the connection closed without the run's end: its handle says how
             feed(panel, {"end": run.outcome}, b"")
 
-    Follower(connection, on_message, on_end)
+    Follower(connection, on_message, on_end, on_idle=ticker(panel))
     return panel

@@ -190,7 +190,11 @@ export class RunsSidebar extends Widget {
     this.found = new Map(runs.map(found => [found.key, found]));
     let previous: HTMLElement | null = null;
     for (const found of runs) {
-      const stopping = this.stopping.has(found.run.run_id || '');
+      const runId = found.run.run_id || '';
+      if (!isRunning(found.run)) {
+        this.stopping.delete(runId); // its end came
+      }
+      const stopping = this.stopping.has(runId);
       const dataKey = entryKey(found) + (stopping ? ':stopping' : '');
       let item = this.items.get(found.key);
       if (!item) {
@@ -328,7 +332,7 @@ function renderEntry(
   if (found.stop) {
     const button = h(
       'button',
-      'nl-sidebar-stop jp-mod-styled',
+      'nl-sidebar-stop',
       stopping ? 'stopping…' : 'Stop'
     );
     button.type = 'button';
