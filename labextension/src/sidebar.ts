@@ -260,6 +260,10 @@ export class RunsSidebar extends Widget {
     if (!found || !runId || found.stop !== 'enabled' || !this.live) {
       return;
     }
+    if (!this.live.canStop(runId)) {
+      this.refresh(); // its kernel went away (a restart): greyed out, nothing asked
+      return;
+    }
     if (!(await this.confirmStop(runId))) {
       return;
     }

@@ -318,6 +318,16 @@ describe('Runs sidebar', () => {
     expect(button()!.dataset.stop).toBe('enabled');
     sent.length = 0;
 
+    comm.isDisposed = true; // the kernel restarted (nothing re-renders the entry): a click greys it, asks nothing
+    button()!.click();
+    await vi.runAllTimersAsync();
+    expect(confirm).not.toHaveBeenCalled();
+    expect(button()!.dataset.stop).toBe('disabled');
+    comm.isDisposed = false;
+    full('running', 1); // (as if a kernel answered for it again)
+    await vi.runAllTimersAsync();
+    expect(button()!.dataset.stop).toBe('enabled');
+
     button()!.click(); // the user cancels: nothing sent
     await vi.runAllTimersAsync();
     expect(confirm).toHaveBeenCalledWith('d1');
