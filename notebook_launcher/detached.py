@@ -80,16 +80,18 @@ class DetachedRun:
         self._caught_up = threading.Event()
         self._follower = None
         self._panel = None
+        idle = None
         connection = connect(run_dir)
         if panel and connection is not None:
-            from .detached_panel import new_panel
+            from .detached_panel import new_panel, ticker
 
             self._panel = new_panel(self)  # fed from this handle's channel, before it marks the run ended
             self._panel_cell = _cell()
+            idle = ticker(self._panel)  # (it answers a page that asks while the ranks are quiet)
         if connection is None:
             self._read_outcome()
         else:
-            self._follower = Follower(connection, self._on_message, self._on_end)
+            self._follower = Follower(connection, self._on_message, self._on_end, on_idle=idle)
             self._caught_up.wait(CATCH_UP_S)  # its status as the supervisor knows it, before the handle is used
 
     # -- what the channel says ------------------------------------------------------------------------------------

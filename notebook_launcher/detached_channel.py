@@ -11,13 +11,19 @@ import threading
 from .schema.detached_files import MessageReader, message, socket_address
 from .schema.events import Event
 
+IDLE_S = 0.25  # a panel fed by a connection is looked at this often while the run says nothing
+
 
 class Follower:
-    """One connection to a run's socket, read by a thread: each message to ``on_message``, then ``on_end()``."""
+    """One connection to a run's socket, read by a thread: each message to ``on_message``, then ``on_end()``;
+    ``on_idle()``, where given, every ``IDLE_S`` without a message, on the same thread (a panel's ``tick``: it
+    answers a page that asked for the state, and moves the output's clock, while the ranks are quiet)."""
 
-    def __init__(self, connection: socket.socket, on_message, on_end):
+    def __init__(self, connection: socket.socket, on_message, on_end, on_idle=None):
         self.connection = connection
-        self._on_message, self._on_end = on_message, on_end
+        self._on_message, self._on_end, self._on_idle = on_message, on_end, on_idle
+        if on_idle is not None:
+            connection.settimeout(IDLE_S)
         self.thread = threading.Thread(target=self._read, daemon=True, name="detached-run")
         self.thread.start()
 
@@ -25,7 +31,11 @@ class Follower:
         reader = MessageReader()
         try:
             while True:
-                data = self.connection.recv(1 << 20)
+                try:
+                    data = self.connection.recv(1 << 20)
+                except TimeoutError:
+                    self._on_idle()
+                    continue
                 if not data:
                     break
                 for header, attachment in reader.feed(data):

@@ -10,16 +10,32 @@ from .display.panel import PanelDisplay
 from .display.replay import read_events
 from .display.state import RunState
 from .schema.detached_files import LOST
+from .schema.status import RunStatus
 
 
 def new_panel(run) -> PanelDisplay:
-    """The run's panel, shown now in the cell that asks (its display id is what a thread updates later)."""
+    """The run's panel, shown now in the cell that asks (its display id is what a thread updates later). Its
+    state says the run is detached, and its comm, held before the output reaches the page, takes a panel's
+    ``{"want": "stop"}`` (the Runs sidebar's stop button) as ``run.stop()``, without waiting for the end."""
     described = run.described
     state = RunState(run.run_id, run.run_dir, described["device"], described["backend"], described["start_method"],
-                     described["num_processes"], described["world_size"], list(described["ranks"]))
+                     described["num_processes"], described["world_size"], list(described["ranks"]), detached=True)
     panel = PanelDisplay(state, described["prefix"])
+    channel = panel.channel()
+    if channel is not None:
+        channel.stoppable(run.run_id, lambda: run.stop(timeout=0))
     panel.publish()
     return panel
+
+
+def ticker(panel: PanelDisplay):
+    """The panel's ``tick`` while the run goes on, for its connection's quiet moments (``Follower``'s
+    ``on_idle``): a page that asked gets the state, the output's clock moves. Never after the end, whose output
+    stays as the end made it."""
+    def tick() -> None:
+        if panel.state.status in (RunStatus.STARTING, RunStatus.RUNNING):
+            panel.tick()
+    return tick
 
 
 def feed(panel: PanelDisplay, header: dict, attachment: bytes) -> None:
@@ -58,5 +74,5 @@ def show_panel(run) -> PanelDisplay:
         if not ended and run.wait_ended():  # the connection closed without the run's end: its handle says how
             feed(panel, {"end": run.outcome}, b"")
 
-    Follower(connection, on_message, on_end)
+    Follower(connection, on_message, on_end, on_idle=ticker(panel))
     return panel

@@ -6,7 +6,8 @@
  *   and gives each notebook a renderer factory that has it and that notebook's kernel. Without this plugin the
  *   panels show the saved output (the MIME extension's own factory).
  * - `notebook-launcher-panel:sidebar`, the "Runs" sidebar (sidebar.ts), reads `ILiveRuns` if it is there for
- *   the newest state of a followed run; without it, the outputs'.
+ *   the newest state of a followed run (and to stop a detached run, after JupyterLab's dialog asks); without it,
+ *   the outputs'.
  */
 
 import {
@@ -15,6 +16,7 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 
 import { IKernelLike, ILiveRuns, LiveRuns } from './live';
 import { addLiveFactory, IFactoryRegistry } from './mime';
@@ -63,6 +65,19 @@ const livePlugin: JupyterFrontEndPlugin<ILiveRuns> = {
   }
 };
 
+/** JupyterLab's dialog: stop the run? (The sidebar's stop button asks it first.) */
+export async function askToStop(runId: string): Promise<boolean> {
+  const answer = await showDialog({
+    title: 'Stop this run?',
+    body: `Run ${runId} goes on outside the kernel. Stopping it ends every rank, as run.stop() does.`,
+    buttons: [
+      Dialog.cancelButton(),
+      Dialog.warnButton({ label: 'Stop', ariaLabel: 'Stop the run' })
+    ]
+  });
+  return answer.button.accept;
+}
+
 const sidebarPlugin: JupyterFrontEndPlugin<void> = {
   id: 'notebook-launcher-panel:sidebar',
   description:
@@ -76,7 +91,7 @@ const sidebarPlugin: JupyterFrontEndPlugin<void> = {
     live: ILiveRuns | null,
     restorer: ILayoutRestorer | null
   ) => {
-    const sidebar = new RunsSidebar(tracker, app.shell, live);
+    const sidebar = new RunsSidebar(tracker, app.shell, live, askToStop);
     app.shell.add(sidebar, 'left', { rank: 700 });
     restorer?.add(sidebar, SIDEBAR_ID);
   }

@@ -26,6 +26,9 @@ import { IRun } from './schema';
 
 export const TARGET = 'notebook_launcher.panel';
 
+/** A new view of a run asks its kernel again if the last ask is this old and unanswered. */
+export const ASK_AGAIN_MS = 1000;
+
 /** What the panel reads of a comm message (JupyterLab's `KernelMessage.ICommMsgMsg`). */
 export interface ICommMessage {
   content: { data: unknown };
@@ -59,6 +62,8 @@ export interface ICommLike {
   onClose: ((msg: unknown) => void | PromiseLike<void>) | null;
   /** JupyterLab 4.4+: whether the comm's messages go over a subshell; set to "disabled" (the main shell). */
   commsOverSubshells?: string;
+  /** True once its kernel connection dropped it (a kernel restart disposes every comm, without `onClose`). */
+  isDisposed?: boolean;
 }
 
 /** The id of a run's comm, as the kernel holds it (notebook_launcher/display/comm.py `run_comm_id`). */
@@ -84,6 +89,8 @@ class Follow {
   caps: ICaps | null = null;
   comm: ICommLike | null = null;
   private askedFull = false;
+  /** When it last asked (Date.now()): views that appear together share one ask. */
+  private askedAt = 0;
   /** Each new live state, for the views of this run. */
   readonly changed = new Signal<Follow, LiveRun>(this);
 
@@ -113,10 +120,44 @@ class Follow {
     this.askFull();
   }
 
+  /**
+   * A new view of the run: a comm its kernel connection dropped (a restart) is let go, so the view opens one on
+   * the kernel it has now; one not answered for `ASK_AGAIN_MS` (the kernel did not know the run yet: a new
+   * kernel before `attach()` showed it) asks again.
+   */
+  revive(): void {
+    if (this.comm?.isDisposed) {
+      this.comm = null;
+      this.askedFull = false;
+    } else if (
+      this.comm &&
+      !this.live &&
+      Date.now() - this.askedAt >= ASK_AGAIN_MS
+    ) {
+      this.askedFull = false;
+      this.askFull();
+    }
+  }
+
+  /** Ask the kernel to stop the run (a detached run's: SCHEMA.md); false without a comm that can carry it. */
+  stop(): boolean {
+    const comm = this.comm;
+    if (!comm || comm.isDisposed || !this.live) {
+      return false;
+    }
+    try {
+      comm.send({ want: 'stop' });
+    } catch {
+      return false;
+    }
+    return true;
+  }
+
   private askFull(): void {
     const comm = this.comm;
     if (!this.askedFull && comm) {
       this.askedFull = true;
+      this.askedAt = Date.now();
       void Promise.resolve()
         .then(() => comm.send({ want: 'full' }))
         .catch(() => {
@@ -171,7 +212,8 @@ class Follow {
   }
 }
 
-function isRunning(run: IRun): boolean {
+/** Whether the run is going on (starting or running). */
+export function isRunning(run: IRun): boolean {
   return run.status === 'running' || run.status === 'starting';
 }
 
@@ -184,6 +226,10 @@ export interface ILiveRuns {
   readonly stateChanged: ISignal<ILiveRuns, LiveRun>;
   /** The live state of a run, if the page follows it. */
   liveState(runId: string | undefined): LiveRun | null;
+  /** Whether a kernel that answers for the run can be asked to stop it (its comm is open and answered). */
+  canStop(runId: string | undefined): boolean;
+  /** Ask the run's kernel to stop it (`{want: "stop"}` on its comm); false where no comm can carry it. */
+  stop(runId: string): boolean;
   /** A renderer's link to its run: it shows what `show` gets; comms open on the kernel `find` gives. */
   link(show: Show, find: KernelFinder): LiveLink;
 }
@@ -210,6 +256,15 @@ export class LiveRuns implements ILiveRuns {
   liveState(runId: string | undefined): LiveRun | null {
     const follow = runId ? this.follows.get(runId) : undefined;
     return follow && follow.live ? follow.state : null;
+  }
+
+  canStop(runId: string | undefined): boolean {
+    const follow = runId ? this.follows.get(runId) : undefined;
+    return !!(follow && follow.live && follow.comm && !follow.comm.isDisposed);
+  }
+
+  stop(runId: string): boolean {
+    return this.follows.get(runId)?.stop() ?? false;
   }
 
   link(show: Show, find: KernelFinder): LiveLink {
@@ -249,6 +304,7 @@ export class LiveLink {
       this.follow?.changed.disconnect(this.onState, this);
       this.follow = follow;
       follow.changed.connect(this.onState, this);
+      follow.revive();
     }
     this.node = node;
     this.show(follow.offer(payload));

@@ -194,6 +194,8 @@ export interface IRun {
   version?: number;
   run_id?: string;
   run_dir?: string;
+  /** The run has a supervisor of its own (`detach=True`): the Runs sidebar can ask its kernel to stop it. */
+  detached?: boolean;
   status?: RunStatus;
   device?: string;
   backend?: string;

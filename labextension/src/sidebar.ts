@@ -2,6 +2,10 @@
  * The "Runs" sidebar (its plugin is in index.ts): lists every run panel found in the outputs of the open
  * notebooks. The output models signal each `update_display_data`; a run a panel follows over its comm (the
  * page's `ILiveRuns`, live.ts, when the live plugin is there) is shown from that newer state.
+ *
+ * A detached run (`detach=True`) that is going on has a stop button: it asks the kernel that follows the run
+ * (over the run's comm) to stop it, as `run.stop()` does, after the user confirms. A foreground run has none: an
+ * interrupt of its kernel stops it.
  */
 
 import type { JupyterFrontEnd } from '@jupyterlab/application';
@@ -19,7 +23,7 @@ import {
   rankCounts,
   slowestProgress
 } from './format';
-import type { ILiveRuns } from './live';
+import { isRunning, type ILiveRuns } from './live';
 import { IRun, MIME_TYPE } from './schema';
 
 export const SIDEBAR_ID = 'notebook-launcher-runs';
@@ -36,12 +40,31 @@ export const runsIcon = new LabIcon({
     '<rect x="3" y="16" width="8" height="4" rx="1"/></g></svg>'
 });
 
+/** Asks the user whether to stop the run (index.ts gives JupyterLab's dialog). */
+export type ConfirmStop = (runId: string) => Promise<boolean>;
+
+/**
+ * An entry's stop button: none unless the run is detached and going on; enabled where the page follows the run
+ * over a comm its kernel answers (that kernel can stop it), else disabled: no kernel here knows the run (a
+ * reload, a new kernel) until `attach()` shows it.
+ */
+export function stopButton(
+  run: IRun,
+  live: ILiveRuns | null
+): 'enabled' | 'disabled' | null {
+  if (!run.detached || !isRunning(run)) {
+    return null;
+  }
+  return live?.canStop(run.run_id) ? 'enabled' : 'disabled';
+}
+
 /** A run found in a notebook output, with where to find it again. */
 interface IFoundRun {
   key: string;
   panel: NotebookPanel;
   cell: ICellModel;
   run: IRun;
+  stop: 'enabled' | 'disabled' | null;
 }
 
 /**
@@ -77,7 +100,7 @@ export function findRuns(
         const key = `${panel.id}:${run.run_id ?? `${cell.id}:${j}`}`;
         if (!seen.has(key)) {
           seen.add(key);
-          found.push({ key, panel, cell, run });
+          found.push({ key, panel, cell, run, stop: stopButton(run, live) });
         }
       }
     }
@@ -104,10 +127,14 @@ export class RunsSidebar extends Widget {
     edge: 'trailing'
   });
 
+  /** Run ids whose stop the user asked for: their button says so until the run's end comes. */
+  private readonly stopping = new Set<string>();
+
   constructor(
     private readonly tracker: INotebookTracker,
     private readonly shell: JupyterFrontEnd.IShell,
-    private readonly live: ILiveRuns | null = null
+    private readonly live: ILiveRuns | null = null,
+    private readonly confirmStop: ConfirmStop = () => Promise.resolve(true)
   ) {
     super();
     this.id = SIDEBAR_ID;
@@ -119,8 +146,17 @@ export class RunsSidebar extends Widget {
       this.empty,
       this.list
     );
-    this.list.addEventListener('click', event => this.onActivate(event));
+    this.list.addEventListener('click', event => {
+      if (stopTarget(event)) {
+        void this.onStop(event);
+      } else {
+        this.onActivate(event);
+      }
+    });
     this.list.addEventListener('keydown', event => {
+      if (stopTarget(event)) {
+        return; // the button's own Enter and space make a click
+      }
       if (event.key === 'Enter' || event.key === ' ') {
         event.preventDefault();
         this.onActivate(event);
@@ -154,7 +190,12 @@ export class RunsSidebar extends Widget {
     this.found = new Map(runs.map(found => [found.key, found]));
     let previous: HTMLElement | null = null;
     for (const found of runs) {
-      const dataKey = entryKey(found);
+      const runId = found.run.run_id || '';
+      if (!isRunning(found.run)) {
+        this.stopping.delete(runId); // its end came
+      }
+      const stopping = this.stopping.has(runId);
+      const dataKey = entryKey(found) + (stopping ? ':stopping' : '');
       let item = this.items.get(found.key);
       if (!item) {
         item = { node: h('li', 'nl-sidebar-run'), key: '' };
@@ -165,7 +206,7 @@ export class RunsSidebar extends Widget {
       }
       if (item.key !== dataKey) {
         item.key = dataKey;
-        renderEntry(item.node, found);
+        renderEntry(item.node, found, stopping);
       }
       const wanted: ChildNode | null = previous
         ? previous.nextSibling
@@ -209,6 +250,29 @@ export class RunsSidebar extends Widget {
     watchCells();
   }
 
+  /** The stop button: after the user confirms, ask the run's kernel to stop it. */
+  private async onStop(event: Event): Promise<void> {
+    const node = (event.target as HTMLElement).closest<HTMLElement>(
+      '.nl-sidebar-run'
+    );
+    const found = node ? this.found.get(node.dataset.key || '') : undefined;
+    const runId = found?.run.run_id;
+    if (!found || !runId || found.stop !== 'enabled' || !this.live) {
+      return;
+    }
+    if (!this.live.canStop(runId)) {
+      this.refresh(); // its kernel went away (a restart): greyed out, nothing asked
+      return;
+    }
+    if (!(await this.confirmStop(runId))) {
+      return;
+    }
+    if (this.live.stop(runId)) {
+      this.stopping.add(runId);
+    }
+    this.refresh();
+  }
+
   /** Show the run's notebook and scroll its cell into view. */
   private onActivate(event: Event): void {
     const node = (event.target as HTMLElement).closest<HTMLElement>(
@@ -239,8 +303,20 @@ export class RunsSidebar extends Widget {
   }
 }
 
-/** One entry: status, run id, notebook, elapsed, rank counts, the slowest rank's progress. */
-function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
+/** The stop button an event is on, if any. */
+function stopTarget(event: Event): HTMLElement | null {
+  return (event.target as HTMLElement).closest<HTMLElement>('.nl-sidebar-stop');
+}
+
+/**
+ * One entry: status, run id, notebook, elapsed, rank counts, the slowest rank's progress; a detached run's stop
+ * button.
+ */
+function renderEntry(
+  node: HTMLLIElement,
+  found: IFoundRun,
+  stopping: boolean
+): void {
   const { run, panel } = found;
   const counts = rankCounts(run);
   setData(node, {
@@ -257,6 +333,21 @@ function renderEntry(node: HTMLLIElement, found: IFoundRun): void {
     badge(run.status, 'nl-status'),
     h('span', 'nl-sidebar-run-id', run.run_id || '(no id)')
   );
+  if (found.stop) {
+    const button = h(
+      'button',
+      'nl-sidebar-stop',
+      stopping ? 'stopping…' : 'Stop'
+    );
+    button.type = 'button';
+    button.disabled = stopping || found.stop === 'disabled';
+    button.title =
+      found.stop === 'enabled'
+        ? 'Stop this detached run: every rank and its supervisor end'
+        : `No kernel of this page follows this run: attach("${run.run_id}") in a cell shows it, then it can be stopped here`;
+    setData(button, { stop: stopping ? 'stopping' : found.stop });
+    top.append(button);
+  }
   const name = panel.context.path.split('/').pop() || panel.context.path;
   const meta = h(
     'div',
@@ -324,6 +415,7 @@ function entryKey(found: IFoundRun): string {
     run.hang?.live,
     run.failure?.kind,
     ranks,
-    found.panel.context.path
+    found.panel.context.path,
+    found.stop
   ]);
 }

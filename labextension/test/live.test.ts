@@ -1,7 +1,8 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 
 import { applyDelta, IDelta, IFull, LineRow } from '../src/delta';
 import {
+  ASK_AGAIN_MS,
   ICommLike,
   IKernelLike,
   KernelFinder,
@@ -152,6 +153,7 @@ describe('applyDelta', () => {
 
 class FakeComm implements ICommLike {
   commsOverSubshells = 'perCommTarget';
+  isDisposed = false;
   sent: unknown[] = [];
   onMsg: ICommLike['onMsg'] = null;
   onClose: ICommLike['onClose'] = null;
@@ -403,5 +405,47 @@ describe('a panel following its run over a comm', () => {
       }
     } as never);
     expect(lineTexts(plain.node, 0)).toEqual(['saved']); // the output, though the page has a newer live state
+  });
+
+  it('a detached run shown again after a kernel restart or a reload follows it on the kernel that knows it', async () => {
+    vi.useFakeTimers({ toFake: ['Date'] });
+    const kernel = new FakeKernel();
+    const payload = { ...run({ detached: true }), seq: 40 };
+    mount(payload, () => kernel); // the launching cell's output
+    await flush();
+    const first = kernel.comms[0].comm;
+    expect(first.sent).toEqual([{ want: 'full' }]);
+    // a reload before attach(): the new kernel does not know the run and never answers; the next view of it
+    // (attach() shows it a while later) asks again on the same comm, and that kernel answers
+    vi.setSystemTime(Date.now() + ASK_AGAIN_MS);
+    const attached = mount({ ...payload, seq: 0 }, () => kernel);
+    await flush();
+    expect(kernel.comms).toHaveLength(1);
+    expect(first.sent).toEqual([{ want: 'full' }, { want: 'full' }]);
+    first.deliver({
+      type: 'full',
+      run_id: payload.run_id,
+      seq: 2,
+      caps: CAPS,
+      state: run({
+        detached: true,
+        ranks: [rank(0, { lines: [line(1, 'after')], lines_total: 1 })]
+      })
+    });
+    await flush();
+    for (const node of document.querySelectorAll('.nl-run')) {
+      expect(lineTexts(node, 0)).toEqual(['after']); // both views: the live state
+    }
+    expect(runs.canStop(payload.run_id)).toBe(true);
+    // a kernel restart disposes every comm (no onClose): the next view opens a new one and asks
+    first.isDisposed = true;
+    expect(runs.canStop(payload.run_id)).toBe(false);
+    expect(runs.stop(payload.run_id!)).toBe(false);
+    mount({ ...payload, seq: 0 }, () => kernel);
+    await flush();
+    expect(kernel.comms).toHaveLength(2);
+    expect(kernel.comms[1].comm.sent).toEqual([{ want: 'full' }]);
+    attached.dispose();
+    vi.useRealTimers();
   });
 });

@@ -16,6 +16,7 @@ vi.mock('@jupyterlab/notebook', () => ({
   INotebookTracker: { name: 'INotebookTracker' }
 }));
 vi.mock('@jupyterlab/ui-components', () => ({ LabIcon: class {} }));
+vi.mock('@jupyterlab/apputils', () => ({ Dialog: {}, showDialog: vi.fn() }));
 
 const [livePlugin, sidebarPlugin] = plugins;
 

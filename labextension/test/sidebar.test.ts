@@ -3,7 +3,7 @@ import { describe, expect, it, vi } from 'vitest';
 
 import { ICommLike, LiveRuns } from '../src/live';
 import { RunRenderer } from '../src/renderer';
-import { findRuns, RunsSidebar } from '../src/sidebar';
+import { findRuns, RunsSidebar, stopButton } from '../src/sidebar';
 import { MIME_TYPE } from '../src/schema';
 import { rank, run } from './fixtures';
 
@@ -254,6 +254,98 @@ describe('Runs sidebar', () => {
     await vi.runAllTimersAsync();
     expect(text()).toBe('step 7/10');
     expect(findRuns(fakeTracker([panel]))[0].run.seq).toBe(0); // without ILiveRuns: the output's
+    sidebar.dispose();
+    renderer.dispose();
+    vi.useRealTimers();
+  });
+
+  it('offers a stop button only for a detached run that goes on, enabled where a kernel answers for it', () => {
+    const live = new LiveRuns();
+    expect(stopButton(run({ status: 'running' }), live)).toBe(null); // foreground: an interrupt stops it
+    expect(stopButton(run({ status: 'finished', detached: true }), live)).toBe(
+      null
+    );
+    expect(stopButton(run({ status: 'running', detached: true }), null)).toBe(
+      'disabled'
+    );
+    expect(stopButton(run({ status: 'starting', detached: true }), live)).toBe(
+      'disabled'
+    ); // no kernel of this page follows it (a reload, before attach())
+  });
+
+  it("stops a detached run over its comm once the user confirms, and the run's end removes the button", async () => {
+    vi.useFakeTimers();
+    const live = new LiveRuns();
+    const sent: unknown[] = [];
+    const comm: ICommLike = {
+      send: data => sent.push(data),
+      onMsg: null,
+      onClose: null
+    };
+    const saved = { ...run({ run_id: 'd1', detached: true }), seq: 0 };
+    const panel = fakePanel('nb-a', 'a.ipynb', [[saved]]);
+    const renderer = new RunRenderer(undefined, {
+      runs: live,
+      kernel: () => ({ createComm: () => comm })
+    });
+    void renderer.renderModel({ data: { [MIME_TYPE]: saved } } as never);
+    const answers = [false, true];
+    const confirm = vi.fn((runId: string) => Promise.resolve(answers.shift()!));
+    const shell = { activateById: vi.fn() } as any;
+    const sidebar = new RunsSidebar(fakeTracker([panel]), shell, live, confirm);
+    document.body.replaceChildren(sidebar.node);
+    await vi.runAllTimersAsync();
+    const button = () =>
+      sidebar.node.querySelector<HTMLButtonElement>(
+        '.nl-sidebar-run[data-run-id="d1"] .nl-sidebar-stop'
+      );
+    expect(button()!.disabled).toBe(true); // asked, not yet answered: no kernel known to answer for it
+    const full = (status: string, seq: number) =>
+      comm.onMsg!({
+        content: {
+          data: {
+            type: 'full',
+            run_id: 'd1',
+            seq,
+            caps: { lines: 200, history: 200 },
+            state: run({ run_id: 'd1', detached: true, status: status as any })
+          }
+        }
+      });
+    full('running', 1);
+    await vi.runAllTimersAsync();
+    expect(button()!.disabled).toBe(false);
+    expect(button()!.dataset.stop).toBe('enabled');
+    sent.length = 0;
+
+    comm.isDisposed = true; // the kernel restarted (nothing re-renders the entry): a click greys it, asks nothing
+    button()!.click();
+    await vi.runAllTimersAsync();
+    expect(confirm).not.toHaveBeenCalled();
+    expect(button()!.dataset.stop).toBe('disabled');
+    comm.isDisposed = false;
+    full('running', 1); // (as if a kernel answered for it again)
+    await vi.runAllTimersAsync();
+    expect(button()!.dataset.stop).toBe('enabled');
+
+    button()!.click(); // the user cancels: nothing sent
+    await vi.runAllTimersAsync();
+    expect(confirm).toHaveBeenCalledWith('d1');
+    expect(sent).toEqual([]);
+    button()!.click(); // confirmed: the kernel is asked, the button says so
+    await vi.runAllTimersAsync();
+    expect(sent).toEqual([{ want: 'stop' }]);
+    expect(button()!.textContent).toBe('stopping…');
+    expect(button()!.disabled).toBe(true);
+    expect(shell.activateById).not.toHaveBeenCalled(); // the button is not the entry's click
+
+    full('interrupted', 2); // the run's end
+    await vi.runAllTimersAsync();
+    const entry = sidebar.node.querySelector<HTMLElement>(
+      '.nl-sidebar-run[data-run-id="d1"]'
+    )!;
+    expect(entry.dataset.status).toBe('interrupted');
+    expect(button()).toBe(null);
     sidebar.dispose();
     renderer.dispose();
     vi.useRealTimers();

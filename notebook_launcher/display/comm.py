@@ -17,6 +17,11 @@ A comm the panel opens itself (``on_open``, the earlier protocol, kept for older
 way: it gets the full state once, then deltas. A comm for a run that already ended gets its final state and is
 closed; one for a run this kernel does not know is closed. Messages are in labextension/SCHEMA.md.
 
+``{"want": "stop"}`` on a run's comm asks the kernel to stop the run, where whoever shows it gave a way
+(``stoppable``: a detached run, whose panel the Runs sidebar offers to stop). It is acted on where it is filed, on
+the shell channel's thread, so it works while another cell runs; a foreground run has no such way (an interrupt of
+the kernel stops it) and the request is ignored.
+
 A message goes as compact UTF-8 JSON in one binary buffer of the comm message (``send``), with
 ``{"type", "packed": "json"}`` as its data: Jupyter's own JSON would add a space after every comma and colon
 (a tenth of a delta) and escape the text a second time.
@@ -68,6 +73,7 @@ class PanelChannel:
         self._ended: OrderedDict[str, dict] = OrderedDict()  # run id -> its last "full" message
         self._held: dict[str, object] = {}  # run id -> its own comm (closed at its end)
         self._held_ended: OrderedDict[str, object] = OrderedDict()  # ... and after it, KEEP_ENDED of them
+        self._stops: dict[str, object] = {}  # run id -> how to stop it (a detached run), until asked once or its end
 
     # -- from the frontend (any thread) --------------------------------------------------------------------------
     def on_open(self, comm, msg) -> None:
@@ -93,7 +99,13 @@ class PanelChannel:
 
     def request(self, run_id: str, comm, data) -> None:
         """A panel's request on ``comm`` (any thread): ``{"want": "full"}`` files the comm for the full state,
-        while the run goes on."""
+        while the run goes on; ``{"want": "stop"}`` stops a run that can be stopped from here."""
+        if isinstance(data, dict) and data.get("want") == "stop":
+            with self._lock:
+                stop = self._stops.pop(run_id, None)  # (ipykernel 7 passes a message here twice: once is enough)
+            if stop is not None:
+                stop()
+            return
         if not isinstance(data, dict) or data.get("want") != "full":
             return
         with self._lock:
@@ -119,6 +131,12 @@ class PanelChannel:
             self._joining[run_id] = []
         if self._manager is not None:
             self._hold_comm(run_id)
+
+    def stoppable(self, run_id: str, stop) -> None:
+        """``stop()`` (quick, any thread) ends the run when a panel asks (``{"want": "stop"}``), until its end."""
+        with self._lock:
+            if run_id in self._live:
+                self._stops[run_id] = stop
 
     def _hold_comm(self, run_id: str) -> None:
         """The run's own comm, registered with the kernel and never announced (see the module's docstring)."""
@@ -158,6 +176,7 @@ class PanelChannel:
         with self._lock:
             comms = self._live.pop(run_id, []) + self._joining.pop(run_id, [])
             held = self._held.pop(run_id, None)
+            self._stops.pop(run_id, None)
             if held is not None:
                 if held not in comms:
                     comms.append(held)  # (closed though no panel asked, so the pages know)

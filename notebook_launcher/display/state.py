@@ -67,9 +67,12 @@ class RunState:
     """Folds events into what the panel shows. Not thread-safe: fed from the launching cell's thread."""
 
     def __init__(self, run_id: str, run_dir: str, device: str, backend: str, start_method: str,
-                 num_processes: int, world_size: int, ranks, lines_per_rank: int = LINES_PER_RANK):
+                 num_processes: int, world_size: int, ranks, lines_per_rank: int = LINES_PER_RANK,
+                 detached: bool = False):
+        # detached: the run has a supervisor of its own (detach=True), which a panel may ask to stop it
         self.header = {"run_id": run_id, "run_dir": run_dir, "device": device, "backend": backend,
-                       "start_method": start_method, "num_processes": num_processes, "world_size": world_size}
+                       "start_method": start_method, "num_processes": num_processes, "world_size": world_size,
+                       "detached": detached}
         self.status = RunStatus.STARTING
         self.started_at = time.time()
         self._started = time.monotonic()
