@@ -19,7 +19,8 @@ def new_panel(run) -> PanelDisplay:
     ``{"want": "stop"}`` (the Runs sidebar's stop button) as ``run.stop()``, without waiting for the end."""
     described = run.described
     state = RunState(run.run_id, run.run_dir, described["device"], described["backend"], described["start_method"],
-                     described["num_processes"], described["world_size"], list(described["ranks"]), detached=True)
+                     described["num_processes"], described["world_size"], list(described["ranks"]), detached=True,
+                     began_before=True)
     panel = PanelDisplay(state, described["prefix"])
     channel = panel.channel()
     if channel is not None:

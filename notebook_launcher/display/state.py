@@ -68,8 +68,10 @@ class RunState:
 
     def __init__(self, run_id: str, run_dir: str, device: str, backend: str, start_method: str,
                  num_processes: int, world_size: int, ranks, lines_per_rank: int = LINES_PER_RANK,
-                 detached: bool = False):
-        # detached: the run has a supervisor of its own (detach=True), which a panel may ask to stop it
+                 detached: bool = False, began_before: bool = False):
+        # detached: the run has a supervisor of its own (detach=True), which a panel may ask to stop it.
+        # began_before: the run began before this state (a detached run attached): its times are its events' own
+        # (started at its first event, ended at its last), not the moments this kernel saw them (_from_events)
         self.header = {"run_id": run_id, "run_dir": run_dir, "device": device, "backend": backend,
                        "start_method": start_method, "num_processes": num_processes, "world_size": world_size,
                        "detached": detached}
@@ -77,6 +79,9 @@ class RunState:
         self.started_at = time.time()
         self._started = time.monotonic()
         self._ended: float | None = None
+        self._from_events = began_before
+        self._first_event: float | None = None
+        self._last_event: float | None = None
         self.attempt = 1
         self.notes: list[str] = []
         self.lines_per_rank = lines_per_rank
@@ -104,6 +109,8 @@ class RunState:
         """One event; a run of lines (``lines.StreamLines``, ``LogRecords``) whole, kept as it is in its rank's
         column (``RankState.add_run``), unless it may hold a tqdm bar (read line by line, as its Events)."""
         kind = type(event)
+        if self._from_events:
+            self._event_time(event.time)
         if kind is StreamLines or kind is LogRecords:
             if kind is StreamLines and "|" in "".join(event.texts):
                 for line in event.events():
@@ -115,6 +122,16 @@ class RunState:
         if handler is not None:
             handler(self, event)
             self.changes += 1
+
+    def _event_time(self, when: float) -> None:
+        """A run attached after it began: its start is its first event's time (the events' clock is this
+        machine's ``time.monotonic()``, whichever process reads it), its end its last event's."""
+        if not when or when != when:  # a time the run log could not hold (written as null, read as 0.0)
+            return
+        if self._first_event is None:
+            self._first_event = self._started = when
+            self.started_at = time.time() - (time.monotonic() - when)
+        self._last_event = when if self._last_event is None else max(self._last_event, when)
 
     def _add_run(self, run) -> None:
         rank = self.ranks.get(run.rank) or self._rank(run)
@@ -371,7 +388,7 @@ class RunState:
                stuck_ranks=()) -> None:
         """The run ended: its final status, the failure to show first, and which ranks were stuck in a hang."""
         self.status = status
-        self._ended = time.monotonic()
+        self._ended = time.monotonic() if self._last_event is None else self._last_event
         self._refresh_balance(self._ended)
         self.failure = failure_card(failure) if failure is not None else None
         self.result = {"type": result_type} if result_type is not None else None
