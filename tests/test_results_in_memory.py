@@ -370,3 +370,64 @@ def test_a_kernel_that_cannot_make_result_files_takes_results_through_the_pipe_w
     assert re.search(r"rank [01]'s result came through its pipe, not shared memory \(the kernel could not make it: "
                      r"OSError: \[Errno 24\] Too many open files\)", said), said  # (whichever rank's came first)
     no_children_left()
+
+
+def returns_at_its_address_space_limit():
+    import resource
+
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return None
+    value = torch.arange(25 * 2**20, dtype=torch.int32)  # 100 MiB: more than one piece
+    used = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (used + 16 * 2**20, resource.RLIM_INFINITY))  # no room for a thread's stack
+    return value
+
+
+@pytest.mark.processes
+def test_a_rank_at_its_memory_limit_still_writes_its_result_in_memory():
+    me = os.getpid()
+    back = notebook_launcher(returns_at_its_address_space_limit, num_processes=2, device="cpu")
+    assert torch.equal(back, torch.arange(25 * 2**20, dtype=torch.int32))
+    assert {rank_of(name) for name in held(me, "maps")} >= {"0"}  # in memory, written without its threads
+    del back
+    last_run().results.clear()
+    gc.collect()
+    no_children_left()
+
+
+def claims_a_result_it_never_wrote():
+    import torch.distributed as dist
+
+    from notebook_launcher.schema.result_memory import layout, pieces
+    from notebook_launcher.schema.results import pack_result
+
+    if dist.get_rank() == 0:
+        data, parts = pack_result(torch.ones(2**20), 0, "all")
+        data["storages"] = [2**46]  # 64 TiB, in files made that long but never written (all holes)
+        paths = kernel_files(os.getppid(), 0)
+        _, size = layout(data["pickle_bytes"], data["storages"])
+        for path, (_, length) in zip(paths, pieces(size, len(paths))):
+            os.truncate(path, length)
+        del data["attachment_bytes"]
+        data["in_memory"] = True
+        sys.stdout._channel.emit_parts("result", data, [])
+    return 1
+
+
+@pytest.mark.processes
+def test_a_result_claimed_in_files_the_rank_never_wrote_is_refused_before_it_is_mapped():
+    before = held(os.getpid(), "maps")  # (an earlier test's result may still be kept)
+    with pytest.raises(ResultUnavailableError) as caught:
+        notebook_launcher(claims_a_result_it_never_wrote, num_processes=2, device="cpu")
+    assert "claims 70368744177" in caught.value.reason and "but its files hold only 0 of them" in caught.value.reason
+    assert held(os.getpid(), "fd") == [] and held(os.getpid(), "maps") == before
+    no_children_left()
+
+
+def test_a_result_event_in_memory_for_a_rank_given_no_files_is_refused_clearly():
+    from notebook_launcher.schema.results import unpack_result
+
+    with pytest.raises(ValueError, match="the rank says its result is in memory, but it was given none"):
+        unpack_result({"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [4]}, b"")

@@ -79,15 +79,9 @@ def write_result(paths: list, parts: list) -> str:
             descriptors.append(os.open(path, os.O_RDWR | os.O_CLOEXEC))
         for descriptor, (_, length) in zip(descriptors, cuts):
             os.ftruncate(descriptor, length)
-        if len(cuts) == 1:
-            _write_piece(descriptors[0], *cuts[0], spans)
-        else:  # (os.pwrite lets go of the GIL: the threads make their files' pages at the same time)
-            with ThreadPoolExecutor(len(cuts), thread_name_prefix="result-writer") as pool:
-                for done in [pool.submit(_write_piece, descriptor, *cut, spans)
-                             for descriptor, cut in zip(descriptors, cuts)]:
-                    done.result()
+        _write_pieces(descriptors, cuts, spans)
         return ""
-    except OSError as exc:  # (a limit on file sizes: EFBIG; memory the system refuses: ENOSPC, ENOMEM)
+    except Exception as exc:  # noqa: BLE001 - (a limit on file sizes: EFBIG; memory refused: ENOSPC, ENOMEM)
         for descriptor in descriptors:
             with contextlib.suppress(OSError):
                 os.ftruncate(descriptor, 0)  # (their pages back to the system now, not at the attempt's end)
@@ -95,6 +89,25 @@ def write_result(paths: list, parts: list) -> str:
     finally:
         for descriptor in descriptors:
             os.close(descriptor)
+
+
+def _write_pieces(descriptors: list, cuts: list, spans: list) -> None:
+    """Each piece into its file, from a thread each (``os.pwrite`` lets go of the GIL: the threads make their files'
+    pages at the same time); one after another where no thread can start (a rank at its ``memory_limit`` has no
+    address space left for a thread's stack, and needs none to write)."""
+    if len(cuts) > 1:
+        try:
+            pool = ThreadPoolExecutor(len(cuts), thread_name_prefix="result-writer")
+            writing = [pool.submit(_write_piece, descriptor, *cut, spans) for descriptor, cut in zip(descriptors, cuts)]
+        except RuntimeError:  # ("can't start new thread")
+            pool.shutdown(wait=True)  # (the pieces it took are written once more below: the same bytes)
+        else:
+            with pool:
+                for done in writing:
+                    done.result()
+            return
+    for descriptor, cut in zip(descriptors, cuts):
+        _write_piece(descriptor, *cut, spans)
 
 
 def _write_piece(descriptor: int, start: int, length: int, spans: list) -> None:
@@ -170,10 +183,14 @@ class MappedResult:
                 fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, _SEALS)
             offsets, size = layout(pickle_bytes, sizes)
             cuts = pieces(size, len(descriptors))
-            held = [os.fstat(descriptor).st_size for descriptor in descriptors]
+            stats = [os.fstat(descriptor) for descriptor in descriptors]
+            held = [stat.st_size for stat in stats]
             if held != [length for _, length in cuts] + [0] * (len(held) - len(cuts)) or size == 0:
                 raise ValueError(f"the rank's result in memory is {sum(held)} bytes (files of {held}), not the "
                                  f"{size} its sizes lay out")
+            if any(stat.st_blocks * 512 < stat.st_size for stat in stats):  # (holes: sizes claimed, never written)
+                raise ValueError(f"the rank's result in memory claims {size} bytes, but its files hold only "
+                                 f"{sum(min(stat.st_blocks * 512, stat.st_size) for stat in stats)} of them")
             mapped = _Mapping(descriptors[:len(cuts)], cuts, size)
         finally:
             for descriptor in descriptors:

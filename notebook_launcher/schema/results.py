@@ -181,7 +181,7 @@ def result_sinks(header: dict, length: int):
 def unpack_result(data: dict, attachment):
     """The rank's return value from its ``result`` event (raises what unpickling raises)."""
     if data.get("in_memory") and not isinstance(attachment, MappedResult):
-        attachment = MappedResult(-1)  # (no file was given to the rank: a hostile or confused event)
+        attachment = MappedResult([])  # (no file was given to the rank: a hostile or confused event)
     if isinstance(attachment, MappedResult):  # written in memory by the rank (result_memory.py)
         pickled, storages = attachment.read(data["pickle_bytes"], data["storages"])
         return _StorageUnpickler(io.BytesIO(pickled), storages).load()
