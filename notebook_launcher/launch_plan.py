@@ -51,13 +51,15 @@ class LaunchPlan:
     results: str = "auto"  # which ranks' return values come back (see results.py)
     hang_warning: float | None = 30.0  # the stall watchdog's quiet seconds before a hang notice; None: off
     in_workers: bool = False  # even one rank in a worker (a launch across hosts: its events carry the result)
+    detached: bool = False  # run by a detached run's supervisor (detach=True): even one rank in a worker
     xla: XlaLayout | None = None  # device "xla": the devices torch_xla runs (one rank each)
 
     @property
     def runs_in_kernel(self) -> bool:
         """One process on one node: the function runs in the kernel itself (never on XLA: the kernel must not
         start the XLA runtime, or no later launch could)."""
-        return self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers and self.device != "xla"
+        return (self.num_processes == 1 and self.num_nodes == 1 and not self.in_workers and not self.detached
+                and self.device != "xla")
 
     @property
     def spawns_workers(self) -> bool:

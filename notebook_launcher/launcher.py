@@ -96,7 +96,7 @@ def notebook_launcher(*positional: Any, **keywords: Any) -> Any:
     planned = given.for_plan()
     if hosts:
         planned.update(num_nodes=len(hosts), master_addr=without_user(hosts[0]))
-    plan = make_plan(function, args, in_workers=bool(hosts) or given.detach is True, **planned)
+    plan = make_plan(function, args, in_workers=bool(hosts), detached=given.detach is True, **planned)
     settings = HostSettings(hosts=hosts, ssh_options=given.ssh_options, start_with=given.start_hosts_with,
                             mpirun_options=given.mpirun_options, slurm_options=given.slurm_options) if hosts else None
     if given.detach:

@@ -36,9 +36,10 @@ FDS_PER_RANK = 8  # the kernel's descriptors per rank while it starts (3 pipes, 
 KNOWN_CUDA_INITIALIZERS = ("bitsandbytes", "pycuda.autoinit", "cupy", "numba.cuda", "tensorflow", "jax")
 
 
-def make_plan(function, args=(), *, in_workers: bool = False, **keywords) -> LaunchPlan:
+def make_plan(function, args=(), *, in_workers: bool = False, detached: bool = False, **keywords) -> LaunchPlan:
     """Check every argument (``keywords``: those of ``notebook_launcher``, its defaults for the others), decide
-    device, backend and start method; ``in_workers``: ranks start on hosts' agents, even one. No I/O but looking."""
+    device, backend and start method; ``in_workers``: ranks start on hosts' agents, even one; ``detached``: a
+    detached run's supervisor runs them (even one rank in a worker). No I/O but looking."""
     given = LaunchKeywords(**keywords)  # an unknown keyword is a TypeError here, as in a call
     if not callable(function):
         raise TypeError(f"function must be callable (the training function to run on every rank), "
@@ -116,7 +117,7 @@ def make_plan(function, args=(), *, in_workers: bool = False, **keywords) -> Lau
         log_line_prefix_template=DEFAULT_PREFIX_TEMPLATE if log_line_prefix_template is None
         else log_line_prefix_template,
         rdzv_backend=rdzv_backend, rdzv_conf=dict(rdzv_conf or {}), rdzv_id=str(given.rdzv_id), cpu_threads=cpu_threads,
-        debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers,
+        debug=debug, memory_limit=memory_limit, results=results, in_workers=in_workers, detached=detached,
         hang_warning=hang_warning, xla=xla,
     )
 

@@ -488,15 +488,63 @@ def _fails_once(folder):
 
 
 def test_a_detached_run_is_supervised_as_a_foreground_run(tmp_path, runs_dir):
-    """The hang diagnosis and the timeout, and max_restarts, in the supervisor: the same errors and results."""
+    """The hang watch's notice, the hang diagnosis and the timeout, max_restarts, and a large result in memory,
+    in the supervisor: the same events, errors and results as a foreground run's."""
     from notebook_launcher import LaunchTimeoutError, notebook_launcher
 
-    hung = notebook_launcher(_skips_an_all_reduce, num_processes=2, detach=True, display="text", timeout=5)
+    hung = notebook_launcher(_skips_an_all_reduce, num_processes=2, detach=True, display="text", timeout=10,
+                             hang_warning=1)
     with pytest.raises(LaunchTimeoutError, match="all_reduce"):
         hung.result(timeout=RESULT_S)
     assert hung.status == "timed out"
+    logged = [json.loads(line) for line in open(os.path.join(hung.run_dir, "events.jsonl"))]
+    notices = [event["data"] for event in logged if event.get("kind") == "hang_notice"]
+    assert notices and notices[0]["state"] == "open"  # the hang watch's notice, as a foreground run's
+    large = notebook_launcher(_large, args=(8,), num_processes=2, detach=True, display="text")
+    assert large.result(timeout=RESULT_S).shape == (2**20,)
+    logged = [json.loads(line) for line in open(os.path.join(large.run_dir, "events.jsonl"))]
+    assert [event["data"].get("in_memory") for event in logged if event.get("kind") == "result"
+            and event.get("rank") == 0] == [True]  # rank 0's 8 MB came to the supervisor in memory, not the pipe
     restarted = notebook_launcher(_fails_once, args=(str(tmp_path),), num_processes=2, detach=True, display="text",
                                   max_restarts=1)
     assert restarted.result(timeout=RESULT_S) == "second attempt"
     assert json.load(open(os.path.join(restarted.run_dir, "run.json")))["attempts"] == 2
     _assert_nothing_left([json.loads(path.read_text())["pid"] for path in runs_dir.glob("*/supervisor.json")])
+
+
+def _waits_for(folder, name):
+    import time
+
+    while not os.path.exists(os.path.join(folder, name)):
+        time.sleep(0.05)
+    return name
+
+
+def test_a_detached_run_started_while_another_launch_runs_in_a_thread_outlives_that_launch(tmp_path, runs_dir):
+    """While a launch's ranks run, the kernel is the subreaper of what they leave; a detached run's supervisor
+    started meanwhile is re-parented to it, and must not be taken for what that launch left when it ends."""
+    import threading
+
+    from notebook_launcher import notebook_launcher
+    from notebook_launcher.schema.detached_files import process_start
+
+    folder = str(tmp_path)
+    ended = {}
+    foreground = threading.Thread(target=lambda: ended.setdefault("value", notebook_launcher(
+        _waits_for, args=(folder, "fg"), num_processes=2, device="cpu", display="text")))
+    foreground.start()
+    try:
+        assert _wait_until(lambda: len(psutil.Process().children()) >= 2, RESULT_S)  # its ranks run
+        run = notebook_launcher(_waits_for, args=(folder, "detached"), num_processes=2, detach=True,
+                                display="text")
+        supervisor = json.load(open(os.path.join(run.run_dir, "supervisor.json")))["pid"]
+    finally:
+        open(os.path.join(folder, "fg"), "w").close()
+        foreground.join(RESULT_S)
+    assert ended["value"] == "fg" and run.status == "running"  # that launch's end left the supervisor alone
+    assert psutil.pid_exists(supervisor) and psutil.Process(supervisor).status() != psutil.STATUS_ZOMBIE
+    open(os.path.join(folder, "detached"), "w").close()
+    assert run.result(timeout=RESULT_S) == "detached" and run.status == "finished"
+    # ended, and reaped by this process where it had been re-parented here (process_start reaps a child of ours)
+    assert _wait_until(lambda: process_start(supervisor) is None and not psutil.pid_exists(supervisor), GONE_S)
+    _assert_nothing_left([supervisor])

@@ -84,7 +84,8 @@ def test_an_agent_rebuilds_the_kernels_plan_with_every_field_set_otherwise_than_
         requested_port=40000, mixed_precision="bf16", timeout=12.5, max_restarts=2, monitor_interval=0.5,
         log_line_prefix_template="<${rank}> ", rdzv_backend="c10d", rdzv_conf={"join_timeout": 7}, rdzv_id="run-7",
         cpu_threads=5, port_note="29500 was taken", memory_limit=3 * 2**26, batch_sizes={"train": 16}, debug=False,
-        results="all", hang_warning=None, in_workers=True, xla=XlaLayout("CPU", 4, 1, {"PJRT_DEVICE": "CPU"}))
+        results="all", hang_warning=None, in_workers=True, detached=True,
+        xla=XlaLayout("CPU", 4, 1, {"PJRT_DEVICE": "CPU"}))
     for name, f in declared.items():
         assert getattr(kernel, name) != f.default, f"give {name} a value other than its default here"
 

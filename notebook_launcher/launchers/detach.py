@@ -19,6 +19,7 @@ from ..detached import DetachedRun
 from ..display.panel import wants_panel
 from ..errors import LaunchArgumentError
 from ..launch_plan import LaunchPlan
+from ..supervision.orphans import starting_for_good
 from .payload import spawn_payload
 
 _NOT_CARRIED = ("function", "args", "xla")  # the function and args: inherited, or pickled; XLA is refused
@@ -101,7 +102,10 @@ def _fork_supervisor(plan: LaunchPlan, config: dict) -> dict:
     try:
         with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process (the kernel is)
             warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
-            pid = os.fork()
+            with starting_for_good() as spare_group:
+                pid = os.fork()
+                if pid:
+                    spare_group(pid)  # (its session's first process: the supervisor is in its group)
     except BaseException:
         gc.unfreeze()
         os.close(read)
@@ -124,9 +128,11 @@ def _spawn_supervisor(plan: LaunchPlan, config: dict) -> dict:
     function and arguments on its stdin."""
     payload = _payload(plan)
     config = {**config, "payload_bytes": len(payload)}
-    process = subprocess.Popen([sys.executable, "-m", "notebook_launcher.launchers.detached_supervisor"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True, cwd=os.getcwd())
+    with starting_for_good() as spare_group:
+        process = subprocess.Popen([sys.executable, "-m", "notebook_launcher.launchers.detached_supervisor"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True, cwd=os.getcwd())
+        spare_group(process.pid)
     try:
         process.stdin.write(json.dumps(config).encode() + b"\n" + payload)
         process.stdin.close()

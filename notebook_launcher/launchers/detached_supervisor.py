@@ -238,8 +238,10 @@ def _as_own_process(keep: int) -> None:
     from ..rank.worker import default_signal_handlers, reset_multiprocessing_after_fork, retarget_logging_handlers
     from ..runs import forget_all
     from ..schema.results import inherit_kernel_main
+    from ..supervision.orphans import reset_after_fork
 
     reset_multiprocessing_after_fork()
+    reset_after_fork()  # (the kernel's attempts, running in other threads, are not its own)
     default_signal_handlers()
     signal.set_wakeup_fd(-1)  # the kernel's event loop's, closed below
     # Kept, not let go: a kernel object finalized here (a stream, a run's panel and comm) could write to the

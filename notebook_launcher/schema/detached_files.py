@@ -66,12 +66,16 @@ def socket_address(folder_fd: int) -> str:
 
 def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc), which a reused pid does not share; None if it
-    is gone (a zombie included: it has ended, only its parent has not reaped it yet)."""
+    is gone (a zombie included: it has ended, only its parent has not reaped it yet; if that parent is this process,
+    as for a supervisor re-parented to a kernel that was a subreaper then, it is reaped here)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             fields = stat_file.read().rsplit(b")", 1)[1].split()
     except OSError:
         return None
+    if len(fields) >= 2 and fields[0] == b"Z" and fields[1] == str(os.getpid()).encode():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
     return None if len(fields) < 20 or fields[0] in (b"Z", b"X") else fields[19].decode()
 
 

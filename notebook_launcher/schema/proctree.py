@@ -200,14 +200,16 @@ def _own_children() -> set[int] | None:
     return children
 
 
-def adopted(since: int, seen: dict[int, int], spare, quick: bool = True) -> tuple[list[int], list[int]]:
+def adopted(since: int, seen: dict[int, int], spare, quick: bool = True,
+            spare_groups=()) -> tuple[list[int], list[int]]:
     """What a launch left as children of this process (a subreaper while ranks run), and what lies below them.
 
     A child is the launch's when it is not in ``spare`` (the ranks themselves), it started at ``since`` or later,
     and it was ``seen`` below a rank (pid -> start time) or it is outside this process's group: a rank's
     descendants are in the rank's group or in one they made, while the subprocesses of the process itself (and
     their orphans) are in its group, unless made in a new session while the launch runs. ``quick``: a look at
-    this process's children first, and no more when they are all spared (the usual case)."""
+    this process's children first, and no more when they are all spared (the usual case). ``spare_groups``: process
+    groups whose members are never the launch's (a detached run's supervisor, re-parented here)."""
     own = _own_children() if quick else None
     if own is not None and own <= set(spare):
         return [], []
@@ -215,6 +217,6 @@ def adopted(since: int, seen: dict[int, int], spare, quick: bool = True) -> tupl
     children = _children(table)
     own_group = os.getpgrp()
     launched = [pid for pid in children.get(os.getpid(), [])
-                if pid not in spare and table[pid][1] >= since
+                if pid not in spare and table[pid][1] >= since and table[pid][2] not in spare_groups
                 and (seen.get(pid) == table[pid][1] or table[pid][2] != own_group)]
     return launched, list(_below(launched, table, children))

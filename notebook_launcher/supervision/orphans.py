@@ -17,6 +17,7 @@ last attempt of this process is released.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -28,6 +29,7 @@ _lock = threading.Lock()
 _holders = 0  # attempts of this process now running (launches in other threads included)
 _was_subreaper = False
 _spared: set[int] = set()  # pids of every running attempt's ranks and group leaders: never taken for orphans
+_spared_groups: set[int] = set()  # process groups of detached runs' supervisors started here: never orphans
 RELEASE_WAIT_S = 5.0  # how long the end of an attempt keeps ending what its ranks left (SIGKILLed: it is quick)
 
 
@@ -38,6 +40,27 @@ def spare(pid: int) -> None:
 
 def unspare(pid: int) -> None:
     _spared.discard(pid)
+
+
+@contextlib.contextmanager
+def starting_for_good():
+    """Around starting a process in a new session of its own that must outlive every attempt (a detached run's
+    supervisor): no attempt looks for orphans meanwhile, and the ``spare_group`` given is called with the new
+    process group's id (the pid of the session's first process) before any can. Without it, the supervisor,
+    re-parented to this process while it is a subreaper (another thread's launch running), would be taken for
+    what that launch left, and killed."""
+    with _lock:
+        yield _spared_groups.add
+
+
+def reset_after_fork() -> None:
+    """In a fork of this process that lives on as a process of its own (a detached run's supervisor): none of the
+    parent's attempts is its own, and the subreaper setting, which a fork does not inherit, is to be made anew."""
+    global _holders, _was_subreaper, _lock
+    _lock = threading.Lock()  # (a copy of one another thread may have held at the fork)
+    _holders, _was_subreaper = 0, False
+    _spared.clear()
+    _spared_groups.clear()
 
 
 class Orphans:
@@ -60,7 +83,8 @@ class Orphans:
         it, and reap what has exited; ``seen``: pid -> start time of the ranks' descendants once noted. False
         once a round finds nothing of the attempt (one that killed something is followed by another: a process
         killed as it forked leaves a new orphan)."""
-        launched, below = adopted(self._since, seen, set(_spared), quick)
+        with _lock:  # (not while a process that must outlive the attempt is being started: starting_for_good)
+            launched, below = adopted(self._since, seen, set(_spared), quick, set(_spared_groups))
         for pid in launched + below:  # children first: an unreaped child's pid cannot be anyone else's
             kill(pid, signal.SIGKILL)
         self._killed.update(launched)
