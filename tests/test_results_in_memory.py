@@ -21,6 +21,16 @@ from notebook_launcher.schema.result_memory import write_result
 NAME = "notebook-launcher-result-"
 
 
+@pytest.fixture(autouse=True)
+def _no_earlier_result_kept():
+    """The runs an earlier test of this process kept (their results, mapped) are let go first: each test here
+    counts the result mappings of this process."""
+    from notebook_launcher.runs import forget_all
+
+    forget_all()
+    gc.collect()
+
+
 def held(pid: int, where: str) -> list[str]:
     """The result files process ``pid`` holds: its descriptors (``fd``) or its mappings (``maps``)."""
     try:
