@@ -17,17 +17,24 @@ from .memory import OutOfMemoryRetry
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def call_and_report(events, call, rank: int, results: str, explain=lambda exc: None, memory_paths: list = ()) -> int:
+def call_and_report(events, call, rank: int, results: str, explain=lambda exc: None, memory_paths: list = (),
+                    reported=lambda: None) -> int:
     """Run ``call`` (the rank's setup and the user's function); its value or its exception goes to the kernel,
     then the rank's last status. Returns the rank's exit code. ``explain(exc)``: a message in place of the
-    exception's own, or None; ``memory_paths``: where a large result is written (``report_result``)."""
+    exception's own, or None; ``memory_paths``: where a large result is written (``report_result``);
+    ``reported()``: called once the value is on its way, before this rank lets go of it (freeing a large one takes
+    milliseconds, in which the other ranks may already be leaving)."""
     try:
-        report_result(events, call(), rank, results, memory_paths)
+        value = call()
+        report_result(events, value, rank, results, memory_paths)
+        reported()
+        del value
         exit_code = 0
     except SystemExit as exc:
         exit_code = _exit_code_of(exc)
         if exit_code == 0:
             report_result(events, None, rank, results, memory_paths)
+            reported()
         else:
             report_failure(events, exc, exit_code, message=f"the function called sys.exit({exc.code!r})")
     except BaseException as exc:  # noqa: BLE001 - every exception must reach the kernel
@@ -53,7 +60,8 @@ def report_result(events, result, rank: int, results: str, memory_paths: list = 
     from ..schema.results import pack_result
     from .shards import whole
 
-    data, parts = pack_result(to_cpu(whole(result, rank)), rank, results)
+    value = to_cpu(whole(result, rank))
+    data, parts = pack_result(value, rank, results)
     if memory_paths and len(parts) > 1 and data["bytes"] >= IN_MEMORY_FROM:
         failed = write_result(list(memory_paths), parts)
         if failed:

@@ -25,7 +25,6 @@ import os
 import pickle
 import signal
 import sys
-import time
 from dataclasses import replace
 
 from ..schema.events import STATUS, EventWriter
@@ -33,7 +32,7 @@ from ..schema.proctree import become_subreaper, die_with_parent, end_own_descend
 from ..schema.progress_record import ProgressRecord
 from ..schema.rank_spec import RankSpec
 from ..schema.results import inherit_kernel_main
-from . import balance_meter, context
+from . import balance_meter, context, leaving
 from .accelerate_state import prepare_accelerate
 from .context import RankContext
 from .frameworks import at_fork, not_interactive, refuse_nested_launchers, when_imported
@@ -43,8 +42,6 @@ from .rich_output import install as install_rich_output
 from .streams import FdTextStream, one_write_print
 
 SPEC_ENV_VAR = "NOTEBOOK_LAUNCHER_WORKER"
-_RETURNED_KEY = "notebook_launcher/returned"
-_LEFT_KEY = "notebook_launcher/left"
 
 
 def run_forked(spec: RankSpec, function, args, inherited_fds_to_close, process_group: int = 0) -> None:
@@ -157,9 +154,10 @@ def _run_rank(spec: RankSpec, events: EventWriter, load_function) -> int:
             balance_meter.finish()
 
     exit_code = call_and_report(events, set_up_and_call, spec.rank, spec.results,
-                                explain=lambda exc: _memory_limit_note(spec, exc), memory_paths=spec.result_paths)
+                                explain=lambda exc: _memory_limit_note(spec, exc), memory_paths=spec.result_paths,
+                                reported=lambda: leaving.returned(spec.world_size))
     if exit_code == 0:
-        _leave_process_group(spec.world_size)
+        leaving.leave(spec.world_size)
     return exit_code
 
 
@@ -274,31 +272,6 @@ def _init_process_group(spec: RankSpec) -> bool:
         kwargs["init_method"] = "env://"
     dist.init_process_group(backend=spec.backend, rank=spec.rank, world_size=spec.world_size, **kwargs)
     return True
-
-
-def _leave_process_group(world_size: int) -> None:
-    """Wait until every rank has returned, then let the process exit (which tears the group down).
-
-    Agreed through the group's store rather than a collective barrier, so a rank that returns early waits
-    without any collective timeout or NCCL watchdog; and without destroy_process_group(), whose joining of
-    gloo's threads is the largest part of a short launch (about 20 ms per rank). No rank leaves while a peer
-    may still be talking to it.
-    """
-    import torch.distributed as dist
-
-    if not dist.is_initialized():  # the function destroyed it itself
-        return
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.add(_RETURNED_KEY, 1)
-        while store.add(_RETURNED_KEY, 0) < world_size:
-            time.sleep(0.002)
-        store.add(_LEFT_KEY, 1)
-        if dist.get_rank() == 0:  # rank 0 serves the store: it goes last, when nobody will ask it anything
-            while store.add(_LEFT_KEY, 0) < world_size:
-                time.sleep(0.002)
-    except Exception:  # noqa: BLE001 - a peer failed (the kernel reports it) or rank 0's store is gone
-        pass
 
 
 def _run_exit_handlers() -> None:

@@ -193,24 +193,23 @@ def _own_children() -> set[int] | None:
         try:
             with open(f"/proc/self/task/{thread}/children", "rb") as listed:
                 children.update(int(pid) for pid in listed.read().split())
-        except FileNotFoundError:
-            continue  # a thread that ended meanwhile: its children went to another thread, listed there
-        except OSError:
+        except OSError:  # (one that ended meanwhile: its children went to another thread, maybe one read before)
             return None
     return children
 
 
-def adopted(since: int, seen: dict[int, int], spare, quick: bool = True,
-            spare_groups=()) -> tuple[list[int], list[int]]:
+def adopted(since: int, seen: dict[int, int], spare, spare_groups=()) -> tuple[list[int], list[int]]:
     """What a launch left as children of this process (a subreaper while ranks run), and what lies below them.
 
     A child is the launch's when it is not in ``spare`` (the ranks themselves), it started at ``since`` or later,
     and it was ``seen`` below a rank (pid -> start time) or it is outside this process's group: a rank's
     descendants are in the rank's group or in one they made, while the subprocesses of the process itself (and
-    their orphans) are in its group, unless made in a new session while the launch runs. ``quick``: a look at
-    this process's children first, and no more when they are all spared (the usual case). ``spare_groups``: process
-    groups whose members are never the launch's (a detached run's supervisor, re-parented here)."""
-    own = _own_children() if quick else None
+    their orphans) are in its group, unless made in a new session while the launch runs. This process's own
+    children are looked at first, and no more when they are all spared (the usual case): an orphan is this
+    process's child from before its parent's exit is announced, and one re-parented while the list is read has a
+    parent (a child of this process, unspared) that is listed. ``spare_groups``: process groups whose members are
+    never the launch's (a detached run's supervisor, re-parented here)."""
+    own = _own_children()
     if own is not None and own <= set(spare):
         return [], []
     table = _table()

@@ -92,22 +92,29 @@ def write_result(paths: list, parts: list) -> str:
 
 
 def _write_pieces(descriptors: list, cuts: list, spans: list) -> None:
-    """Each piece into its file, from a thread each (``os.pwrite`` lets go of the GIL: the threads make their files'
-    pages at the same time); one after another where no thread can start (a rank at its ``memory_limit`` has no
-    address space left for a thread's stack, and needs none to write)."""
+    """Each piece into its file at the same time: the first from this thread, each other from a thread of its own
+    (``os.pwrite`` lets go of the GIL: the threads make their files' pages at the same time); one after another
+    where no thread can start (a rank at its ``memory_limit`` has no address space left for a thread's stack, and
+    needs none to write)."""
+    pool, writing = None, []
     if len(cuts) > 1:
         try:
-            pool = ThreadPoolExecutor(len(cuts), thread_name_prefix="result-writer")
-            writing = [pool.submit(_write_piece, descriptor, *cut, spans) for descriptor, cut in zip(descriptors, cuts)]
+            pool = ThreadPoolExecutor(len(cuts) - 1, thread_name_prefix="result-writer")
+            writing = [pool.submit(_write_piece, descriptor, *cut, spans)
+                       for descriptor, cut in zip(descriptors[1:], cuts[1:])]
         except RuntimeError:  # ("can't start new thread")
             pool.shutdown(wait=True)  # (the pieces it took are written once more below: the same bytes)
-        else:
+            pool, writing = None, []
+    try:
+        _write_piece(descriptors[0], *cuts[0], spans)
+    finally:
+        if pool is not None:
             with pool:
                 for done in writing:
                     done.result()
-            return
-    for descriptor, cut in zip(descriptors, cuts):
-        _write_piece(descriptor, *cut, spans)
+    if pool is None:
+        for descriptor, cut in zip(descriptors[1:], cuts[1:]):
+            _write_piece(descriptor, *cut, spans)
 
 
 def _write_piece(descriptor: int, start: int, length: int, spans: list) -> None:

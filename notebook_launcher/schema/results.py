@@ -94,8 +94,11 @@ def _storage_pickler():
                 self._storages = storages
                 self._index: dict = {}
 
-            def persistent_id(self, obj):
-                return _storage_id(obj, self._storages, self._index)
+            def persistent_id(self, obj):  # (called for every object pickled: most are not storages)
+                storage = _storage_kinds.get(type(obj))
+                if storage is None:
+                    storage = _storage_kinds[type(obj)] = _is_storage_kind(type(obj))
+                return _storage_id(obj, self._storages, self._index) if storage else None
 
             def reducer_override(self, obj):
                 if _kernel_main and _in_kernel_main(obj):
@@ -107,6 +110,7 @@ def _storage_pickler():
 
 
 _StoragePickler = None
+_storage_kinds: dict = {}  # type -> whether it is a torch storage's
 _kernel_main: dict = {}  # a forked rank: the names of the kernel's __main__ (the notebook's) as it forked
 
 
@@ -141,11 +145,14 @@ def prepare() -> None:
     _storage_pickler()
 
 
+def _is_storage_kind(kind: type) -> bool:
+    torch = sys.modules.get("torch")  # (no storage exists before torch is imported)
+    return torch is not None and issubclass(kind, (torch.storage.TypedStorage, torch.UntypedStorage))
+
+
 def _storage_id(obj, storages: list, index: dict):
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
-        return None
-    typed = isinstance(obj, torch.storage.TypedStorage)
+    """A storage's persistent id (its index in ``storages``, and its dtype if typed), or None if not sent apart."""
+    typed = isinstance(obj, sys.modules["torch"].storage.TypedStorage)
     untyped = obj._untyped_storage if typed else obj
     if untyped.device.type != "cpu" or untyped.nbytes() == 0:
         return None

@@ -78,13 +78,13 @@ class Orphans:
             _holders += 1
         self._held = True
 
-    def end(self, seen: dict[int, int], quick: bool = True) -> bool:
+    def end(self, seen: dict[int, int]) -> bool:
         """One round, without waiting: SIGKILL what the ranks left that is now a child of ours and everything below
         it, and reap what has exited; ``seen``: pid -> start time of the ranks' descendants once noted. False
         once a round finds nothing of the attempt (one that killed something is followed by another: a process
         killed as it forked leaves a new orphan)."""
         with _lock:  # (not while a process that must outlive the attempt is being started: starting_for_good)
-            launched, below = adopted(self._since, seen, set(_spared), quick, set(_spared_groups))
+            launched, below = adopted(self._since, seen, set(_spared), set(_spared_groups))
         for pid in launched + below:  # children first: an unreaped child's pid cannot be anyone else's
             kill(pid, signal.SIGKILL)
         self._killed.update(launched)
@@ -104,7 +104,7 @@ class Orphans:
         if not self._held:
             return
         deadline = time.monotonic() + RELEASE_WAIT_S
-        while self.end(seen, quick=False) and time.monotonic() < deadline:
+        while self.end(seen) and time.monotonic() < deadline:
             time.sleep(0.002)
         self._held = False
         with _lock:
