@@ -1,6 +1,7 @@
 """The supervisor of one attempt, through its own API: real workers, the result value run() returns."""
 
 import dataclasses
+import datetime
 import os
 import signal
 import time
@@ -14,7 +15,7 @@ from helpers.processes import no_children_left
 from notebook_launcher.cluster.ports import reserve_port
 from notebook_launcher.launchers.payload import spawn_payload
 from notebook_launcher.plan import make_plan
-from notebook_launcher.schema.events import EXIT, FAILURE, RESULT, STREAM
+from notebook_launcher.schema.events import EXIT, FAILURE, RESULT, STATUS, STREAM
 from notebook_launcher.schema.lines import expand_lines
 from notebook_launcher.schema.results import unpack_result
 from notebook_launcher.supervision.supervisor import Supervisor
@@ -188,4 +189,55 @@ def test_an_error_in_the_event_handler_still_ends_every_worker_and_closes_every_
     with pytest.raises(RuntimeError, match="the display broke"):
         supervise(sleep_after_barrier, on_event=broken_display)
     assert psutil.Process().num_fds() == fds_before
+    no_children_left()
+
+
+def rank_0_returns_last(stamp_path: str, delay: float):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        time.sleep(delay)
+        with open(stamp_path, "w") as stamp:
+            stamp.write(repr(time.monotonic()))
+    return dist.get_rank()
+
+
+def test_a_rank_that_returned_waits_without_spinning_and_leaves_only_once_every_rank_has_returned(tmp_path):
+    stamp, pids, finished_at, exited_at, cpu = tmp_path / "rank0-returned", {}, {}, {}, []
+
+    def on_event(event):
+        if event.kind == STATUS and "pid" in event.data:
+            pids[event.rank] = event.data["pid"]
+        if event.kind == STATUS and event.data.get("state") == "finished":
+            finished_at[event.rank] = time.monotonic()
+        if event.kind == EXIT:
+            exited_at[event.rank] = time.monotonic()
+
+    def on_tick():  # rank 1's CPU time, from a while after it finished until rank 0 returns
+        if 1 in finished_at and time.monotonic() - finished_at[1] > 0.3 and not stamp.exists():
+            times = psutil.Process(pids[1]).cpu_times()
+            cpu.append(times.user + times.system)
+
+    outcome, events = supervise(rank_0_returns_last, args=(str(stamp), 2.0), on_event=on_event, on_tick=on_tick)
+    assert outcome.stop_reason is None and outcome.exit_codes == {0: 0, 1: 0}
+    assert exited_at[1] >= float(stamp.read_text()), "rank 1 left before rank 0 had returned"
+    # waiting on the store's key, not asking it every few milliseconds: about nothing over more than a second
+    assert len(cpu) >= 2 and cpu[-1] - cpu[0] < 0.02, cpu
+    no_children_left()
+
+
+def test_a_rank_waits_again_when_its_wait_for_the_others_times_out(tmp_path, monkeypatch):
+    from notebook_launcher.rank import leaving
+
+    monkeypatch.setattr(leaving, "_WAIT_EACH", datetime.timedelta(milliseconds=200))  # (forked: the ranks have it)
+    stamp, exited_at = tmp_path / "rank0-returned", {}
+
+    def on_event(event):
+        if event.kind == EXIT:
+            exited_at[event.rank] = time.monotonic()
+
+    outcome, events = supervise(rank_0_returns_last, args=(str(stamp), 1.5), on_event=on_event)
+    assert outcome.stop_reason is None and outcome.exit_codes == {0: 0, 1: 0}
+    assert exited_at[1] >= float(stamp.read_text())  # 7 timeouts later, still waiting
+    assert sorted(unpack_result(e.data, e.attachment) for e in events if e.kind == RESULT) == [0, 1]
     no_children_left()
