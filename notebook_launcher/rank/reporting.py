@@ -99,6 +99,8 @@ def to_cpu(value):
         return value
     if isinstance(value, torch.nn.Parameter):  # a Parameter stays one, with its requires_grad
         return torch.nn.Parameter(value.detach().cpu(), requires_grad=value.requires_grad)
+    if type(value) is torch.Tensor and value.device.type == "cpu" and not value.requires_grad:
+        return value  # (no graph behind it, on the CPU: already what the kernel gets)
     if isinstance(value, torch.Tensor):  # (as a leaf: the graph behind it stays in the rank)
         return value.detach().cpu().requires_grad_(value.requires_grad)
     if isinstance(value, dict):
