@@ -94,8 +94,13 @@ def strided(tensor):
 
 
 def collective_cases(rank: int, world: int, group, group_ranks: list[int]):
-    """The cases on one group (None: the world). Ranks outside the group call them too (a no-op in torch)."""
-    cases = {}
+    """The cases on one group (None: the world). Ranks outside the group call them too (a no-op in torch).
+
+    The barrier comes first, before any case that raises: gloo's barrier waits for every operation of its group
+    still held by one of its threads, and a failed one that a thread has not let go of yet (it raised in its
+    case already) raises again in the barrier, in the plain run or the debug run, as that thread happens to be
+    scheduled."""
+    cases = {"barrier": lambda: dist.barrier(group=group)}
     for dtype in DTYPES:
         cases.update(cases_of_dtype(dtype, rank, group, group_ranks))
     for dtype in (torch.float32, torch.int64):  # larger than what travels with debug mode's check
@@ -103,7 +108,6 @@ def collective_cases(rank: int, world: int, group, group_ranks: list[int]):
             cases[f"all_reduce {name} {dtype} large"] = functools.partial(
                 lambda op, dtype: reduced(op, values(dtype, rank, scale=40), group=group), op, dtype)
     size, first, last = len(group_ranks), group_ranks[0], group_ranks[-1]
-    cases["barrier"] = lambda: dist.barrier(group=group)
     cases["all_gather_object"] = lambda: (dist.all_gather_object(out := [None] * size, {"r": rank}, group=group), out)
     cases["broadcast_object_list"] = lambda: (
         dist.broadcast_object_list(out := [rank, "x" * rank], src=last, group=group), out)
