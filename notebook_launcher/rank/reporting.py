@@ -60,8 +60,7 @@ def report_result(events, result, rank: int, results: str, memory_paths: list = 
     from ..schema.results import pack_result
     from .shards import whole
 
-    value = to_cpu(whole(result, rank))
-    data, parts = pack_result(value, rank, results)
+    data, parts = pack_result(to_cpu(whole(result, rank)), rank, results)
     if memory_paths and len(parts) > 1 and data["bytes"] >= IN_MEMORY_FROM:
         failed = write_result(list(memory_paths), parts)
         if failed:
