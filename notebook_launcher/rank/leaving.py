@@ -44,11 +44,9 @@ def leave(world_size: int) -> None:
         return
     try:
         _wait(store, RETURNED_KEY)
+        _count(store, LEFT_KEY, world_size)
         if dist.get_rank() == 0:  # rank 0 serves the store: it goes last, when nobody will ask it anything
-            _count(store, LEFT_KEY, world_size)
             _wait(store, LEFT_KEY)
-        else:
-            _count(store, LEFT_KEY, world_size)
     except Exception:  # noqa: BLE001 - a peer failed (the kernel reports it) or rank 0's store is gone
         pass
 
