@@ -233,7 +233,8 @@ def lies_about_its_file(lie: str):
     if dist.get_rank() == 0:
         data, parts = pack_result(torch.ones(2**20), 0, "all")
         paths = kernel_files(os.getppid(), 0)
-        assert write_result(paths, parts) == ""
+        failed, data["phases"] = write_result(paths, parts)
+        assert failed == ""
         del data["attachment_bytes"]
         data["in_memory"] = True
         if lie == "longer":
@@ -441,3 +442,95 @@ def test_a_result_event_in_memory_for_a_rank_given_no_files_is_refused_clearly()
 
     with pytest.raises(ValueError, match="the rank says its result is in memory, but it was given none"):
         unpack_result({"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [4]}, b"")
+
+
+def returns_and_reads_it_after():
+    import atexit
+
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return None
+    value = {"weights": torch.arange(2**20 + 3, dtype=torch.float64), "small": torch.full((100,), 7.0),
+             "shared": torch.ones(2**18).share_memory_()}
+    as_numpy = value["weights"][5:].numpy()  # (a view of the same memory, by its address)
+
+    def after_return():  # (an exit handler of the rank: runs once its result is written)
+        moved = [line for line in open("/proc/self/maps") if NAME in line]
+        intact = torch.equal(value["weights"], torch.arange(2**20 + 3, dtype=torch.float64)) and \
+            as_numpy[12345] == 12350 and bool((value["small"] == 7).all())
+        value["weights"].fill_(-1.0)
+        value["shared"].fill_(-1.0)
+        print(f"after return: {len(moved)} moved, intact {intact}, now {value['weights'][0].item()}", flush=True)
+
+    atexit.register(after_return)
+    return value
+
+
+@pytest.mark.processes
+def test_a_rank_holds_its_written_result_once_and_what_it_does_after_never_reaches_the_kernel(capfd):
+    back = notebook_launcher(returns_and_reads_it_after, num_processes=2, device="cpu", display="text")
+    assert torch.equal(back["weights"], torch.arange(2**20 + 3, dtype=torch.float64))
+    assert bool((back["small"] == 7).all()) and bool((back["shared"] == 1).all())
+    # the 8 MiB storage now lives on the file's pages in the rank (one mapping), the small and the shared ones
+    # where they were; the rank reads the same bytes there, and its writes stay its own
+    assert "after return: 1 moved, intact True, now -1.0" in capfd.readouterr().out
+    del back
+    last_run().results.clear()
+    gc.collect()
+    no_children_left()
+
+
+@pytest.mark.processes
+def test_only_the_private_memory_of_a_storage_is_moved_onto_its_file(tmp_path):
+    """In a process of its own, as a rank (a mapping of a result file stays with the process that moved it): a
+    heap tensor is moved, one shared with other processes, one over a file, and a small one are not; the file
+    keeps the writes made to its tensor after that, and the kernel's copy none of them."""
+    import json
+    import subprocess
+
+    on_disk = tmp_path / "weights.bin"
+    on_disk.write_bytes(bytes(4 * 2**18))
+    script = textwrap.dedent(f"""
+        import json, sys
+        import torch
+        from notebook_launcher.schema.result_memory import ResultFiles, write_result
+        from notebook_launcher.schema.results import pack_result, unpack_result
+
+        files = ResultFiles()
+        paths = files.paths_for(0, 1)
+        value = {{"heap": torch.arange(2**18, dtype=torch.float32), "shared": torch.ones(2**18).share_memory_(),
+                  "file": torch.from_file({str(on_disk)!r}, shared=True, size=2**18, dtype=torch.float32),
+                  "small": torch.arange(100.0)}}
+        data, parts = pack_result(value, 0, "all")
+        failed, data["phases"] = write_result(paths, parts)
+        ranges = {{name: (tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes) for name, tensor in value.items()}}
+        with open("/proc/self/maps") as maps:
+            mapped = [[int(end, 16) for end in line.split()[0].split("-")] for line in maps if {NAME!r} in line]
+        moved = sorted(name for name, (low, high) in ranges.items() if any(a < high and b > low for a, b in mapped))
+        value["heap"][0] = -1.0
+        value["file"][0] = -1.0
+        del data["attachment_bytes"]
+        data["in_memory"] = True
+        back = unpack_result(data, files.take(0))
+        seen = {{name: float(tensor[0]) for name, tensor in back.items()}}
+        print(json.dumps({{"failed": failed, "moved": moved, "seen": seen, "heap_now": float(value["heap"][0])}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["failed"] == "" and said["moved"] == ["heap"]
+    assert said["seen"] == {"heap": 0.0, "shared": 1.0, "file": 0.0, "small": 0.0} and said["heap_now"] == -1.0
+    assert float(torch.from_file(str(on_disk), size=1, dtype=torch.float32)[0]) == -1.0  # (still the file's memory)
+
+
+@pytest.mark.parametrize("phases", [[-2], [4096], [1, 2], "0", [0.5]])
+def test_a_result_event_in_memory_with_bad_phases_is_refused_as_it_is_read(phases):
+    from notebook_launcher.schema.decoding import FrameDecoder
+    from notebook_launcher.schema.events import encode_frame
+    from notebook_launcher.schema.results import result_sinks
+
+    data = {"type": "Tensor", "in_memory": True, "pickle_bytes": 10, "storages": [2**20], "phases": phases}
+    decoder = FrameDecoder(result_sinks)
+    assert decoder.feed(encode_frame(0, 1, "result", data, b"")) == []
+    assert "'phases'" in decoder.broken, decoder.broken

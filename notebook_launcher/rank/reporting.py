@@ -62,12 +62,14 @@ def report_result(events, result, rank: int, results: str, memory_paths: list = 
 
     data, parts = pack_result(to_cpu(whole(result, rank)), rank, results)
     if memory_paths and len(parts) > 1 and data["bytes"] >= IN_MEMORY_FROM:
-        failed = write_result(list(memory_paths), parts)
+        failed, phases = write_result(list(memory_paths), parts)
         if failed:
             data["memory_failed"] = failed
         else:
             del data["attachment_bytes"]
             data["in_memory"], parts = True, []
+            if max(phases) >= 0:
+                data["phases"] = phases
     events.emit_parts(RESULT, data, parts)
 
 

@@ -8,6 +8,7 @@ cost.
 from __future__ import annotations
 
 import marshal
+import mmap
 
 from .datacheck import bounds_problem, data_problem
 from .events import (
@@ -315,6 +316,11 @@ def _check_result_layout(data: dict, attachment_len: int) -> None:
                                   and all(type(size) is int and size > 0 for size in sizes)):
             raise CorruptFrame("a 'result' event in memory with an attachment, or without its 'pickle_bytes' and "
                                "'storages' (sizes from 1)")
+        phases = data.get("phases", [-1] * len(sizes))
+        if not (type(phases) is list and len(phases) == len(sizes)
+                and all(type(phase) is int and -1 <= phase < mmap.PAGESIZE for phase in phases)):
+            raise CorruptFrame(f"a 'result' event in memory whose 'phases' are not one per storage, each an offset "
+                               f"within a page or -1: {_cut(phases)}")
         return
     if data.get("attachment_bytes", attachment_len) != attachment_len:
         raise CorruptFrame(f"a 'result' event whose attachment is {attachment_len} bytes, not the "

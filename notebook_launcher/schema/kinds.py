@@ -126,10 +126,11 @@ KINDS = (
          "attachment: the pickle, then the raw bytes of each tensor storage (``results.py``); or, for a value not "
          'sent, {"type", "kept": False, "reason"} and no attachment (the panel shows it when the run ends); with '
          '"in_memory": True (and no "attachment_bytes") the same bytes are in the kernel\'s in-memory file for the '
-         'rank (``result_memory.py``) and there is no attachment; "memory_failed": why they are not',
+         'rank (``result_memory.py``) and there is no attachment, "phases" placing storages in it; "memory_failed": '
+         "why they are not",
          Fields({"type": str, "bytes": int, "attachment_bytes": int, "pickle_bytes": int,
                  "storages": ListOf(int, 1 << 24), "kept": bool, "reason": str, "in_memory": bool,
-                 "memory_failed": str}, required=("type",))),
+                 "phases": ListOf(int, 1 << 24), "memory_failed": str}, required=("type",))),
     Kind(FAILURE, '{"type", "module", "message", "traceback", "exit_code"}: the exception that ended the worker '
          "(the kernel also makes ``TruncatedEvent`` and ``CorruptEventStream`` failures); a rank's out-of-memory "
          "report travels as its ``oom_retry`` field",

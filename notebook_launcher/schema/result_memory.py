@@ -3,12 +3,14 @@
 Before a rank starts, the kernel makes empty in-memory files for it (``memfd_create``: files with no name in any
 folder, not /dev/shm) and names them to the rank as ``/proc/<kernel pid>/fd/<n>``, as it does the rank's
 progress record. At its end the rank lays its result out (``layout``: the pickle, then each storage at the next
-multiple of ``ALIGN`` bytes), cuts that layout into contiguous pieces (``pieces``), writes each piece into its own
-file from a thread of its own (``write_result``), and sends its ``result`` event with ``in_memory`` and no
-attachment. The kernel seals each file's size, checks it against the piece the event's sizes give, and maps the
-files side by side into one range of its address space: the layout as the rank made it, each storage of the
-value a window of it (``torch.frombuffer``, which keeps the mapping alive). The kernel holds the result once, in
-the pages the rank wrote; they are freed with the last tensor of the result.
+multiple of ``ALIGN`` bytes, or at the offset within a page its ``phase`` gives), cuts that layout into contiguous
+pieces (``pieces``), writes each piece into its own file from a thread of its own (``write_result``), and sends its
+``result`` event with ``in_memory`` and no attachment. The kernel seals each file's size, checks it against the
+piece the event's sizes give, and maps the files side by side into one range of its address space: the layout as
+the rank made it, each storage of the value a window of it (``torch.frombuffer``, which keeps the mapping alive).
+The kernel holds the result once, in the pages the rank wrote; they are freed with the last tensor of the result.
+Each storage, once written, is moved onto those pages in the rank too (``page_move.py``): the rank then holds it
+once as well, and does not free it on its way out.
 
 Why several files: a new page costs more than the bytes copied into it, and the pages of one file are made one
 writer at a time (the file's lock), so a large result is written by as many threads as the machine has cores
@@ -32,6 +34,8 @@ import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from . import page_move
+
 ALIGN = 64  # each storage starts at a multiple of this in the layout: aligned for any dtype and vector load
 IN_MEMORY_FROM = 2**20  # smaller results (a loss, a few numbers) go through the pipe: a mapping is not worth it
 PIECE_FROM = 32 * 2**20  # a piece of a result written by a thread of its own holds at least this much
@@ -39,11 +43,14 @@ MOST_FILES = 4  # a rank's writers (beyond this the copy is bound by memory, not
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-def layout(pickle_bytes: int, sizes: list) -> tuple[list, int]:
-    """Where each storage starts in the layout, and its size: the pickle at 0, then the storages."""
-    offsets, end = [], pickle_bytes
-    for size in sizes:
-        start = -(-end // ALIGN) * ALIGN
+def layout(pickle_bytes: int, sizes: list, phases: list | None = None) -> tuple[list, int]:
+    """Where each storage starts in the layout, and its size: the pickle at 0, then the storages, each at the next
+    multiple of ``ALIGN`` or, where ``phases`` gives it one from 0, at the next offset with that remainder in a
+    page (``page_move.py``)."""
+    offsets, end, page = [], pickle_bytes, mmap.PAGESIZE
+    for index, size in enumerate(sizes):
+        phase = phases[index] if phases else -1
+        start = end + (phase - end) % page if phase >= 0 else -(-end // ALIGN) * ALIGN
         offsets.append(start)
         end = start + size
     return offsets, end
@@ -66,32 +73,41 @@ def files_for(senders: int) -> int:
 
 
 # -- worker side --------------------------------------------------------------------------------------------------
-def write_result(paths: list, parts: list) -> str:
+def write_result(paths: list, parts: list) -> tuple[str, list]:
     """The pickle and the storages (``parts``, as ``results.pack_result`` gives them) written into the kernel's
-    files at ``paths``, a piece each, in parallel; "" when done, else why not (the files are then emptied: the
-    result goes through the pipe)."""
-    offsets, size = layout(parts[0].nbytes, [part.nbytes for part in parts[1:]])
+    files at ``paths``, a piece each, in parallel, each storage then moved onto the file's pages where it can be
+    (``page_move.py``). Returns "" when done, else why not (the files are then emptied, unless a storage now lives
+    on them: the result goes through the pipe); and the storages' ``phases`` (the event's, for the layout)."""
+    storages = parts[1:]
+    addresses = [ctypes.addressof(ctypes.c_char.from_buffer(part)) for part in storages]
+    sizes = [part.nbytes for part in storages]
+    phases = page_move.phases(addresses, sizes)
+    offsets, size = layout(parts[0].nbytes, sizes, phases)
     cuts = pieces(size, len(paths))
-    spans = [(offset, memoryview(part).cast("B")) for offset, part in zip([0, *offsets], parts)]
+    mover = page_move.PageMover() if max(phases, default=-1) >= 0 else None
+    spans = [(0, memoryview(parts[0]).cast("B"), None)]
+    spans += [(offset, memoryview(part).cast("B"), address if phase >= 0 else None)
+              for offset, part, address, phase in zip(offsets, storages, addresses, phases)]
     descriptors: list[int] = []
     try:
         for path in paths[:len(cuts)]:
             descriptors.append(os.open(path, os.O_RDWR | os.O_CLOEXEC))
         for descriptor, (_, length) in zip(descriptors, cuts):
             os.ftruncate(descriptor, length)
-        _write_pieces(descriptors, cuts, spans)
-        return ""
+        _write_pieces(descriptors, cuts, spans, mover)
+        return "", phases
     except Exception as exc:  # noqa: BLE001 - (a limit on file sizes: EFBIG; memory refused: ENOSPC, ENOMEM)
         for descriptor in descriptors:
-            with contextlib.suppress(OSError):
-                os.ftruncate(descriptor, 0)  # (their pages back to the system now, not at the attempt's end)
-        return f"{type(exc).__name__}: {exc}"
+            if mover is None or descriptor not in mover.moved:  # (a moved storage reads its bytes from its file)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(descriptor, 0)  # (their pages back to the system now, not at the attempt's end)
+        return f"{type(exc).__name__}: {exc}", phases
     finally:
         for descriptor in descriptors:
             os.close(descriptor)
 
 
-def _write_pieces(descriptors: list, cuts: list, spans: list) -> None:
+def _write_pieces(descriptors: list, cuts: list, spans: list, mover) -> None:
     """Each piece into its file at the same time: the first from this thread, each other from a thread of its own
     (``os.pwrite`` lets go of the GIL: the threads make their files' pages at the same time); one after another
     where no thread can start (a rank at its ``memory_limit`` has no address space left for a thread's stack, and
@@ -100,13 +116,13 @@ def _write_pieces(descriptors: list, cuts: list, spans: list) -> None:
     if len(cuts) > 1:
         try:
             pool = ThreadPoolExecutor(len(cuts) - 1, thread_name_prefix="result-writer")
-            writing = [pool.submit(_write_piece, descriptor, *cut, spans)
+            writing = [pool.submit(_write_piece, descriptor, *cut, spans, mover)
                        for descriptor, cut in zip(descriptors[1:], cuts[1:])]
         except RuntimeError:  # ("can't start new thread")
             pool.shutdown(wait=True)  # (the pieces it took are written once more below: the same bytes)
             pool, writing = None, []
     try:
-        _write_piece(descriptors[0], *cuts[0], spans)
+        _write_piece(descriptors[0], *cuts[0], spans, mover)
     finally:
         if pool is not None:
             with pool:
@@ -114,17 +130,21 @@ def _write_pieces(descriptors: list, cuts: list, spans: list) -> None:
                     done.result()
     if pool is None:
         for descriptor, cut in zip(descriptors[1:], cuts[1:]):
-            _write_piece(descriptor, *cut, spans)
+            _write_piece(descriptor, *cut, spans, mover)
 
 
-def _write_piece(descriptor: int, start: int, length: int, spans: list) -> None:
+def _write_piece(descriptor: int, start: int, length: int, spans: list, mover) -> None:
     """The bytes of the layout from ``start`` to ``start + length`` (of the pickle and storages in ``spans``, each
-    with its offset in the layout), at offset 0 on in the piece's file."""
+    with its offset in the layout and, if it may be moved, its address), at offset 0 on in the piece's file; each
+    storage's part moved onto the file's pages once written."""
     end = start + length
-    for offset, view in spans:
+    for offset, view, address in spans:
         low, high = max(offset, start), min(offset + view.nbytes, end)
+        first = low
         while low < high:
             low += os.pwrite(descriptor, view[low - offset:high - offset], low - start)
+        if address is not None and first < high:
+            mover.move(address + first - offset, high - first, descriptor, first - start, view.obj)
 
 
 # -- kernel side --------------------------------------------------------------------------------------------------
@@ -176,7 +196,7 @@ class MappedResult:
     def __len__(self) -> int:  # (the run log counts attachments by their length: this one has no bytes on the pipe)
         return 0
 
-    def read(self, pickle_bytes: int, sizes: list) -> tuple[bytes, list]:
+    def read(self, pickle_bytes: int, sizes: list, phases: list | None = None) -> tuple[bytes, list]:
         """The pickle and a storage for each of ``sizes``, windows of one mapping of the files. The sizes are the
         rank's word: each file's own size, sealed first so the rank cannot shrink it under the mapping (a SIGBUS
         here), must be its piece of what they lay out, to the byte."""
@@ -188,7 +208,7 @@ class MappedResult:
         try:
             for descriptor in descriptors:
                 fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, _SEALS)
-            offsets, size = layout(pickle_bytes, sizes)
+            offsets, size = layout(pickle_bytes, sizes, phases)
             cuts = pieces(size, len(descriptors))
             stats = [os.fstat(descriptor) for descriptor in descriptors]
             held = [stat.st_size for stat in stats]
@@ -218,16 +238,8 @@ class _Mapping:
     """Files mapped side by side into one range of addresses, unmapped when the last of its windows is collected.
     (Python's own ``mmap`` maps one file and keeps a duplicate of its descriptor open as long as it lives.)"""
 
-    _libc = None
-
     def __init__(self, descriptors: list, cuts: list, size: int):
-        libc = _Mapping._libc
-        if libc is None:
-            libc = _Mapping._libc = ctypes.CDLL(None, use_errno=True)
-            libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_long]
-            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._libc = page_move.libc()
         self.size = 0
         whole = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
         # the range first, reserved (no access, no memory), then each file over its part of it
@@ -255,6 +267,6 @@ class _Mapping:
             self._libc.munmap(self.address, self.size)
 
 
-_PROT_NONE = 0  # (Linux's values; Python's mmap module names neither before 3.13)
-_FIXED = 0x10  # MAP_FIXED
+_PROT_NONE = 0  # (Linux's value; Python's mmap module names it from 3.13)
+_FIXED = page_move.FIXED
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)

@@ -190,7 +190,7 @@ def unpack_result(data: dict, attachment):
     if data.get("in_memory") and not isinstance(attachment, MappedResult):
         attachment = MappedResult([])  # (no file was given to the rank: a hostile or confused event)
     if isinstance(attachment, MappedResult):  # written in memory by the rank (result_memory.py)
-        pickled, storages = attachment.read(data["pickle_bytes"], data["storages"])
+        pickled, storages = attachment.read(data["pickle_bytes"], data["storages"], data.get("phases"))
         return _StorageUnpickler(io.BytesIO(pickled), storages).load()
     if isinstance(attachment, ResultParts):
         return _StorageUnpickler(io.BytesIO(attachment.pickled), attachment.storages).load()
