@@ -4,6 +4,7 @@ queue (what Lightning's ``ddp_notebook`` uses) and a bare memcpy of the same byt
     .venv/bin/python benchmarks/result_transfer.py                          # 64 MiB, 1 GiB, 2 GiB; 5 runs each
     .venv/bin/python benchmarks/result_transfer.py --sizes 0.0625,1,4 --baseline 0ae8ee5 --reps 7
     .venv/bin/python benchmarks/result_transfer.py --copied     # ours and old: tensors copied off a "device"
+    .venv/bin/python benchmarks/result_transfer.py --machine-memory --sizes 1 --reps 3   # every copy at once
     .venv/bin/python benchmarks/result_transfer.py --smoke      # 10 MiB, one round, no baseline tree
 
 Each measurement is a fresh Python process (so its peaks are its own). ``ours`` and ``old`` launch 2 CPU ranks
@@ -21,7 +22,10 @@ to shared memory and the parent maps it) and the parent takes it; ``memcpy`` cop
   exits left out; memcpy: the copy into fresh memory, whose pages are allocated as it goes, as any new copy's
   are; ``memcpy, touched``: the same copy again into the same memory, the bytes alone);
 - ``kernel peak``: the caller's peak resident memory above what it held before, after every byte of the result
-  has been read (the check), as a multiple of the size; ``rank peak``: the largest child's.
+  has been read (the check), as a multiple of the size; ``rank peak``: the largest child's; ``machine peak``
+  (with ``--machine-memory``, which samples it every 0.5 ms from a thread of the caller, so its times are not
+  figures): the machine's anonymous and shared memory (/proc/meminfo) above what it held before: every copy of
+  the result at once, in every process and in shared memory.
 
 The four are interleaved, rotated each round, ``--reps`` rounds; medians and the spread (min–max) are printed
 and written to ``benchmarks/results/result_transfer.json`` with the load average before and after; the headline:
@@ -47,6 +51,7 @@ import torch
 
 SIZE, MODE, TENSORS, COPIED = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[5] == "copied"
 EACH = SIZE // TENSORS // 4
+SAMPLED = sys.argv[6] == "machine"  # the machine's memory sampled every half millisecond (not timed then)
 
 class CopiedByCpu(torch.Tensor):  # .cpu() is a fresh copy, as a GPU's or a TPU's is
     def cpu(self, *args, **kwargs):
@@ -89,8 +94,21 @@ def memcpy():
         ctypes.memmove(copies[name].data_ptr(), tensor.data_ptr(), tensor.nbytes)
     return {"state": copies, "returned_at": started, "touched": time.monotonic() - done}, done
 
+def in_use():  # the machine's anonymous and shared memory: every copy of the result, in any process
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":") for line in meminfo)
+    return (int(fields["AnonPages"].split()[0]) + int(fields["Shmem"].split()[0])) * 1024
+
 if MODE in ("ours", "old"):  # (imported once per kernel, not per launch: not part of ``total``)
     from notebook_launcher import notebook_launcher
+machine = [in_use()] * 2  # (at the start, the most since)
+if SAMPLED:
+    import threading
+    def sample():
+        while machine[0] is not None:
+            machine[1] = max(machine[1], in_use())
+            time.sleep(0.0005)
+    threading.Thread(target=sample, daemon=True).start()
 with open("/proc/self/clear_refs", "w") as refs:
     refs.write("5")
 before = status_kb("VmRSS")
@@ -117,9 +135,11 @@ state = result["state"]
 right = len(state) == TENSORS and all(  # (reads every byte: the caller's peak counts the whole result)
     tensor.numel() == EACH and bool((tensor == float(i)).all()) for i, tensor in enumerate(state.values()))
 kernel_peak = (status_kb("VmHWM") - before) * 1024
+machine_peak, machine[0] = (machine[1] - machine[0] if SAMPLED else None), None
 rank_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print("RESULT " + json.dumps({"total": done - started, "transfer": done - result["returned_at"],
                               "touched": result.get("touched"), "kernel_peak": kernel_peak, "rank_peak": rank_peak,
+                              "machine_peak": machine_peak,
                               "before_join": value_at - result["returned_at"] if MODE == "queue" else None,
                               "right": right}))
 '''
@@ -127,10 +147,10 @@ print("RESULT " + json.dumps({"total": done - started, "transfer": done - result
 MODES = ("ours", "old", "queue", "memcpy")
 
 
-def measure(mode: str, size: int, trees: dict, runs_dir: str, port: int, kind: str) -> dict:
+def measure(mode: str, size: int, trees: dict, runs_dir: str, port: int, kind: str, sampled: str) -> dict:
     tree = trees.get(mode, ROOT)
     env = {**os.environ, "PYTHONPATH": tree, "NOTEBOOK_LAUNCHER_RUNS_DIR": runs_dir}
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(size), mode, str(TENSORS), str(port), kind],
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(size), mode, str(TENSORS), str(port), kind, sampled],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tree)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -153,6 +173,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="0.0625,1,2", help="sizes of rank 0's result in GiB, comma-separated")
     parser.add_argument("--copied", action="store_true", help="ours and old: tensors whose .cpu() is a copy (as "
                         "a GPU's is), so the rank holds the copy until it is written")
+    parser.add_argument("--machine-memory", action="store_true", help="also the machine's peak of anonymous and "
+                        "shared memory (every copy, in every process), sampled every 0.5 ms: not a timing run")
     options = parse(parser, argv, smoke={"reps": 1, "sizes": "0.01", "baseline": None})
     sizes = [int(float(gib) * 2**30) for gib in options.sizes.split(",")]
     modes = [mode for mode in MODES if mode != "old" or options.baseline]
@@ -170,7 +192,8 @@ def main(argv=None) -> int:
                 order = modes[rep % len(modes):] + modes[:rep % len(modes)]  # rotated: drift hits every mode alike
                 for mode in order:
                     samples[size, mode].append(measure(mode, size, trees, os.path.join(work, "runs"), free_port(),
-                                                       "copied" if options.copied else "cpu"))
+                                                       "copied" if options.copied else "cpu",
+                                                       "machine" if options.machine_memory else "-"))
                     print(f"round {rep + 1}, {size / 2**20:g} MiB, {mode}: {samples[size, mode][-1]}",
                           file=sys.stderr, flush=True)
     finally:
@@ -196,13 +219,14 @@ def main(argv=None) -> int:
         rows.append([f"{size / 2**20:g} MiB / {mode}", spread(values, "total"), spread(values, "transfer"),
                      *(f"{value:.2f}x" if value else "n/a" for value in ratios.values()),
                      spread(values, "kernel_peak", size), spread(values, "rank_peak", size),
+                     spread(values, "machine_peak", size),
                      ", ".join(sorted({str(value["right"]) for value in values}))])
     rows.sort(key=lambda row: float(row[0].split()[0]))
     print(f"{options.reps} fresh processes each, interleaved; median (min-max); load average before "
           f"{load_before[0]:.2f}, after {load_after[0]:.2f}")
     print(table(["size / path", "total (s)", "transfer (s)", "/ queue", "/ queue before join", "/ memcpy",
                  "/ memcpy, touched",
-                 "kernel peak (x size)", "rank peak (x size)", "bytes right"], rows))
+                 "kernel peak (x size)", "rank peak (x size)", "machine peak (x size)", "bytes right"], rows))
     headline = {}
     for size in sizes:
         headline[f"{size / 2**20:g} MiB: ours / queue"] = ratio(transfer(size, "ours"), transfer(size, "queue"))
