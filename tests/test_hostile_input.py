@@ -296,11 +296,14 @@ def start_an_escaped_grandchild(pid_file: str, then: str):
         if os.fork() == 0:  # the classic daemon: fork, setsid, fork again, the middle one exits
             os.setsid()
             if os.fork() == 0:
-                with open(pid_file, "w") as out:
+                with open(pid_file + ".part", "w") as out:
                     out.write(str(os.getpid()))
+                os.rename(pid_file + ".part", pid_file)
                 time.sleep(300)
+            while not os.path.exists(pid_file):  # (the middle one waits for it: a process forked in a rank dies
+                time.sleep(0.01)  # with its parent, and on a busy machine it could die before it is written)
             os._exit(0)
-        while not os.path.exists(pid_file) or not open(pid_file).read():
+        while not os.path.exists(pid_file):
             time.sleep(0.01)
         if then == "killed":  # at once: the kernel, a subreaper while ranks run, gets what the rank leaves
             os.kill(os.getpid(), signal.SIGKILL)

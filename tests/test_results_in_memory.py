@@ -230,15 +230,15 @@ def lies_about_its_file(lie: str):
 
     from notebook_launcher.schema.results import pack_result
 
-    if dist.get_rank() == 0:
-        data, parts = pack_result(torch.ones(2**20), 0, "all")
+    if dist.get_rank() == 0:  # (tensors too small to be moved onto the file: its rank may still shrink it)
+        data, parts = pack_result([torch.ones(2**15) for _ in range(12)], 0, "all")
         paths = kernel_files(os.getppid(), 0)
         failed, data["phases"] = write_result(paths, parts)
-        assert failed == ""
+        assert failed == "" and data["phases"] == [-1] * 12
         del data["attachment_bytes"]
         data["in_memory"] = True
         if lie == "longer":
-            data["storages"] = [data["storages"][0] + 4096]
+            data["storages"][-1] += 4096
         elif lie == "shrunk":
             os.truncate(paths[0], 100)
         sys.stdout._channel.emit_parts("result", data, [])
@@ -454,6 +454,7 @@ def returns_and_reads_it_after():
     value = {"weights": torch.arange(2**20 + 3, dtype=torch.float64), "small": torch.full((100,), 7.0),
              "shared": torch.ones(2**18).share_memory_()}
     as_numpy = value["weights"][5:].numpy()  # (a view of the same memory, by its address)
+    its_file = os.open(kernel_files(os.getppid(), 0)[0], os.O_RDWR)  # (the kernel closes its own once mapped)
 
     def after_return():  # (an exit handler of the rank: runs once its result is written)
         moved = [line for line in open("/proc/self/maps") if NAME in line]
@@ -461,7 +462,13 @@ def returns_and_reads_it_after():
             as_numpy[12345] == 12350 and bool((value["small"] == 7).all())
         value["weights"].fill_(-1.0)
         value["shared"].fill_(-1.0)
-        print(f"after return: {len(moved)} moved, intact {intact}, now {value['weights'][0].item()}", flush=True)
+        try:  # (its memory lives on that file now: cut short, the rank would die of SIGBUS reading it)
+            os.ftruncate(its_file, 0)
+            shrunk = "shrunk"
+        except PermissionError:
+            shrunk = "cannot shrink"
+        print(f"after return: {len(moved)} moved, intact {intact}, now {value['weights'][0].item()}, {shrunk}, "
+              f"reads {value['weights'][7].item()}", flush=True)
 
     atexit.register(after_return)
     return value
@@ -474,7 +481,7 @@ def test_a_rank_holds_its_written_result_once_and_what_it_does_after_never_reach
     assert bool((back["small"] == 7).all()) and bool((back["shared"] == 1).all())
     # the 8 MiB storage now lives on the file's pages in the rank (one mapping), the small and the shared ones
     # where they were; the rank reads the same bytes there, and its writes stay its own
-    assert "after return: 1 moved, intact True, now -1.0" in capfd.readouterr().out
+    assert "after return: 1 moved, intact True, now -1.0, cannot shrink, reads -1.0" in capfd.readouterr().out
     del back
     last_run().results.clear()
     gc.collect()

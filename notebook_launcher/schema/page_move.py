@@ -15,13 +15,15 @@ pads to it), so that its whole pages line up with whole pages of the file.
 Only memory the rank has to itself is moved: a private anonymous mapping (the heap, the allocator's own mappings)
 as /proc/self/maps says, not shared memory, not a file, not host memory pinned for a GPU; only a storage of
 ``MOVE_FROM`` bytes or more; and only as many as the mappings the process may still make allow (a move can split a
-mapping in three). A move that cannot be made is not made: the bytes are in the file either way.
+mapping in three). A move that cannot be made is not made: the bytes are in the file either way. A file a storage
+is moved onto is sealed against shrinking first: cut short, it would take the rank's memory with it.
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
+import fcntl
 import mmap
 import sys
 import threading
@@ -80,6 +82,11 @@ class PageMover:
             at = bisect.bisect_right(self._starts, first) - 1
             if self._left <= 0 or at < 0 or last > self._ends[at] or _pinned(getattr(owner, "owner", None)):
                 return
+            if descriptor not in self.moved:
+                try:  # (a page of a file cut short under a mapping is a SIGBUS: this rank's memory now)
+                    fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+                except OSError:
+                    return
             self._left -= 1
             self.moved.add(descriptor)
         protection, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | FIXED
