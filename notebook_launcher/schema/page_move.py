@@ -13,10 +13,11 @@ For that, a storage's place in the file has the same offset within a page as its
 pads to it), so that its whole pages line up with whole pages of the file.
 
 Only memory the rank has to itself is moved: a private anonymous mapping (the heap, the allocator's own mappings)
-as /proc/self/maps says, not shared memory, not a file, not host memory pinned for a GPU; only a storage of
-``MOVE_FROM`` bytes or more; and only as many as the mappings the process may still make allow (a move can split a
-mapping in three). A move that cannot be made is not made: the bytes are in the file either way. A file a storage
-is moved onto is sealed against shrinking first: cut short, it would take the rank's memory with it.
+as /proc/self/maps says, not shared memory, not a file, not host memory pinned for a GPU; only where ``malloc`` is
+the C library's (``glibc_malloc``); only a storage of ``MOVE_FROM`` bytes or more, and only its whole pages; and
+only as many as the mappings the process may still make allow (a move can split a mapping in three). A move that
+cannot be made is not made: the bytes are in the file either way. A file a storage is moved onto is sealed
+against shrinking first: cut short, it would take the rank's memory with it.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import bisect
 import ctypes
 import fcntl
 import mmap
+import os
 import sys
 import threading
 
 MOVE_FROM = 256 * 2**10  # a smaller storage: freeing its pages costs less than the mapping that replaces them
 _MAPPINGS_SPARED = 1024  # mappings left to the rest of the rank's life, whatever the moves take
 FIXED = 0x10  # MAP_FIXED (Linux's value; Python's mmap module does not name it)
+_MS_ASYNC = 1  # (nor this one, msync's)
 
 _libc = None
 
@@ -44,14 +47,19 @@ def libc():
         loaded.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_long]
         loaded.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        loaded.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         _libc = loaded
     return _libc
 
 
-def phases(addresses: list, sizes: list) -> list:
+def phases(addresses: list, sizes: list, align: int) -> list:
     """For each storage, the offset within a page that its place in the file must have (its address's), or -1
-    where it will not be moved (any 64-byte aligned place will do)."""
-    return [address % mmap.PAGESIZE if size >= MOVE_FROM else -1 for address, size in zip(addresses, sizes)]
+    where it will not be moved (any place aligned to ``align`` will do): one too small, one not itself aligned to
+    ``align`` (its place in the file would not be either), or any where ``malloc`` is not the C library's."""
+    if not glibc_malloc():
+        return [-1] * len(addresses)
+    return [address % mmap.PAGESIZE if size >= MOVE_FROM and address % align == 0 else -1
+            for address, size in zip(addresses, sizes)]
 
 
 class PageMover:
@@ -93,6 +101,7 @@ class PageMover:
         if libc().mmap(first, last - first, protection, flags, descriptor, where) != first:
             with self._lock:
                 self._left = 0  # (whatever refused this one would refuse the next: the rest stay as they are)
+            _mend(first, last - first, descriptor, where)
 
     def _read_mappings(self) -> None:
         """The private anonymous ranges of this process (/proc/self/maps), and how many moves the mappings it
@@ -117,6 +126,34 @@ class PageMover:
             else:
                 self._starts.append(start)
                 self._ends.append(end)
+
+
+def _mend(address: int, length: int, descriptor: int, where: int) -> None:
+    """After a refused ``MAP_FIXED``, which may have taken the old pages away before it failed (the kernel unmaps
+    first): if any page of the range is gone, the range mapped again as anonymous memory and its bytes read back
+    from the file, which holds them."""
+    if libc().msync(address, length, _MS_ASYNC) == 0:
+        return  # (every page still mapped: the storage is where it was)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | FIXED
+    if libc().mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0) == address:
+        os.preadv(descriptor, [(ctypes.c_char * length).from_address(address)], where)
+
+
+def glibc_malloc() -> bool:
+    """Whether this process's ``malloc`` is the C library's own. Another allocator (jemalloc, tcmalloc, often
+    preloaded beside PyTorch) may take memory it gave back with ``MADV_DONTNEED`` to read as zeros, which a page
+    of a file does not: nothing is moved then."""
+    global _glibc_malloc
+    if _glibc_malloc is None:
+        try:
+            ours = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+            _glibc_malloc = ours == ctypes.cast(ctypes.CDLL("libc.so.6").malloc, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            _glibc_malloc = False
+    return _glibc_malloc
+
+
+_glibc_malloc = None
 
 
 def _pinned(storage) -> bool:

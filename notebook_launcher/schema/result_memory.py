@@ -81,7 +81,7 @@ def write_result(paths: list, parts: list) -> tuple[str, list]:
     storages = parts[1:]
     addresses = [ctypes.addressof(ctypes.c_char.from_buffer(part)) for part in storages]
     sizes = [part.nbytes for part in storages]
-    phases = page_move.phases(addresses, sizes)
+    phases = page_move.phases(addresses, sizes, ALIGN)
     offsets, size = layout(parts[0].nbytes, sizes, phases)
     cuts = pieces(size, len(paths))
     mover = page_move.PageMover() if max(phases, default=-1) >= 0 else None
