@@ -10,7 +10,7 @@ queue (what Lightning's ``ddp_notebook`` uses) and a bare memcpy of the same byt
 Each measurement is a fresh Python process (so its peaks are its own). ``ours`` and ``old`` launch 2 CPU ranks
 (this tree, and a git worktree of ``--baseline``, the pipe path), rank 0 returning a dict of 64 float32 tensors of
 ``size`` bytes in all; ``queue`` forks 2 processes with ``torch.multiprocessing.start_processes`` (each joins a
-gloo group, as a launch's ranks do), rank 0 puts the same dict on a ``SimpleQueue`` (torch moves each storage
+gloo group and takes its share of the cores for torch's threads, as a launch's ranks and Lightning's do), rank 0 puts the same dict on a ``SimpleQueue`` (torch moves each storage
 to shared memory and the parent maps it) and the parent takes it; ``memcpy`` copies the same bytes once,
 ``ctypes.memmove`` into fresh memory. Figures per size:
 
@@ -74,6 +74,7 @@ def returns_big():
 
 def queue_rank(index, queue, taken):
     import torch.distributed as dist
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))  # (the cores shared out, as Lightning's and ours)
     dist.init_process_group("gloo", rank=index, world_size=2)
     if index == 0:
         result, _ = make_result()
