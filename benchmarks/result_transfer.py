@@ -10,9 +10,9 @@ queue (what Lightning's ``ddp_notebook`` uses) and a bare memcpy of the same byt
 Each measurement is a fresh Python process (so its peaks are its own). ``ours`` and ``old`` launch 2 CPU ranks
 (this tree, and a git worktree of ``--baseline``, the pipe path), rank 0 returning a dict of 64 float32 tensors of
 ``size`` bytes in all; ``queue`` forks 2 processes with ``torch.multiprocessing.start_processes`` (each joins a
-gloo group and takes its share of the cores for torch's threads, as a launch's ranks and Lightning's do), rank 0 puts the same dict on a ``SimpleQueue`` (torch moves each storage
-to shared memory and the parent maps it) and the parent takes it; ``memcpy`` copies the same bytes once,
-``ctypes.memmove`` into fresh memory. Figures per size:
+gloo group and takes its share of the cores for torch's threads, as a launch's ranks and Lightning's do), rank 0
+puts the same dict on a ``SimpleQueue`` (torch moves each storage to shared memory and the parent maps it) and the
+parent takes it; ``memcpy`` copies the same bytes once, ``ctypes.memmove`` into fresh memory. Figures per size:
 
 - ``total``: from the call to the value in the caller (memcpy: the copy; notebook_launcher is imported before);
 - ``transfer``: from the moment rank 0's function returns (its clock, ``CLOCK_MONOTONIC``, is the caller's) to
@@ -74,7 +74,7 @@ def returns_big():
 
 def queue_rank(index, queue, taken):
     import torch.distributed as dist
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))  # (the cores shared out, as Lightning's and ours)
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))  # (the cores shared out: Lightning's, ours)
     dist.init_process_group("gloo", rank=index, world_size=2)
     if index == 0:
         result, _ = make_result()

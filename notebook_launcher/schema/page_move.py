@@ -146,7 +146,7 @@ def glibc_malloc() -> bool:
     global _glibc_malloc
     if _glibc_malloc is None:
         try:
-            ours = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+            ours = ctypes.cast(libc().malloc, ctypes.c_void_p).value
             _glibc_malloc = ours == ctypes.cast(ctypes.CDLL("libc.so.6").malloc, ctypes.c_void_p).value
         except (OSError, AttributeError):
             _glibc_malloc = False
